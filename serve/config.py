@@ -1,0 +1,140 @@
+"""Per-model configuration: `models/<name>/config.toml`, parsed and validated at start.
+
+This is an edge of the system (a file written by people), so it is pydantic; every error names
+the file and the field. What the config says about the graph (input names, output names) is
+checked against the ONNX file by `repository`.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from enum import Enum
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from serve.errors import ConfigError
+
+
+class InputRole(str, Enum):
+    """What a model input carries. Requests provide only the sequence (tokens or features)."""
+
+    TOKENS = "tokens"  # int ids, [batch, time]
+    FEATURES = "features"  # per-step vectors, [batch, time, dim]
+    MASK = "mask"  # 1 at real positions, 0 at padding, [batch, time]
+    LENGTHS = "lengths"  # each row's length, [batch]
+    TOKEN_TYPES = "token_types"  # segment ids, all zeros here, [batch, time]
+    STATE = "state"  # e.g. an RNN's initial state; filled like MXNet's `state_names`
+
+
+SEQUENCE_ROLES = (InputRole.TOKENS, InputRole.FEATURES)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class InputConfig(_Strict):
+    role: InputRole
+    vocab_size: int | None = Field(default=None, gt=0, description="tokens: ids lie in [0, vocab_size)")
+    pad_value: float = Field(default=0, description="tokens/features: value at padded positions")
+    fill: float = Field(default=0.0, description="state: the value the state is filled with")
+
+    @model_validator(mode="after")
+    def _tokens_need_vocab(self) -> InputConfig:
+        if self.role is InputRole.TOKENS and self.vocab_size is None:
+            raise ValueError("a tokens input needs vocab_size (ids are checked against it)")
+        return self
+
+
+class OutputConfig(_Strict):
+    per_step: bool = Field(default=False, description="[batch, time, ...]: cut to each length")
+
+
+class BatchingConfig(_Strict):
+    buckets: list[int] = Field(min_length=1, description="bucket edges: the lengths keys pad to")
+    max_batch_size: int = Field(default=16, gt=0)
+    max_batch_tokens: int = Field(default=4096, gt=0, description="rows x bucket length, at most")
+    max_queue_delay_ms: float = Field(default=5.0, ge=0)
+    queue_capacity: int = Field(default=1024, gt=0, description="sequences waiting, at most")
+    prepare: Literal["default", "all"] = Field(
+        default="default", description="keys bound at load: the default key only, or all keys"
+    )
+
+    @field_validator("buckets")
+    @classmethod
+    def _increasing(cls, edges: list[int]) -> list[int]:
+        if any(e <= 0 for e in edges):
+            raise ValueError("bucket edges must be positive")
+        if any(b <= a for a, b in zip(edges, edges[1:], strict=False)):
+            raise ValueError("bucket edges must be strictly increasing")
+        return edges
+
+    @model_validator(mode="after")
+    def _budget_fits_longest(self) -> BatchingConfig:
+        if self.max_batch_tokens < self.buckets[-1]:
+            raise ValueError(
+                f"max_batch_tokens ({self.max_batch_tokens}) is smaller than the longest "
+                f"bucket ({self.buckets[-1]}): that bucket could never hold a sequence"
+            )
+        return self
+
+
+class TokenizerConfig(_Strict):
+    file: str = "tokenizer.json"
+    max_length: int = Field(default=256, gt=0, description="texts are truncated to this many tokens")
+
+
+class ModelConfig(_Strict):
+    version: int | None = Field(default=None, description="version folder; default: the newest")
+    mode: Literal["bucketing", "mutable"] = "bucketing"
+    binding: Literal["shared-session", "session-per-key"] = "shared-session"
+    providers: list[str] = Field(default=["CPUExecutionProvider"], min_length=1)
+    pad_sensitive: bool | None = Field(
+        default=None, description="None: decided at load by the pad-safety self-check"
+    )
+    inputs: dict[str, InputConfig] = Field(min_length=1)
+    outputs: dict[str, OutputConfig] = Field(min_length=1)
+    batching: BatchingConfig
+    tokenizer: TokenizerConfig | None = None
+    build: str | None = Field(
+        default=None, description="`bucketserve models build` recipe that makes this model's files"
+    )
+
+    @model_validator(mode="after")
+    def _roles(self) -> ModelConfig:
+        sequence = [n for n, i in self.inputs.items() if i.role in SEQUENCE_ROLES]
+        if len(sequence) != 1:
+            raise ValueError(
+                f"exactly one input must have role 'tokens' or 'features'; found {sequence or 'none'}"
+            )
+        for role in (InputRole.MASK, InputRole.LENGTHS):
+            named = [n for n, i in self.inputs.items() if i.role is role]
+            if len(named) > 1:
+                raise ValueError(f"at most one input may have role '{role.value}'; found {named}")
+        if self.tokenizer is not None and self.inputs[sequence[0]].role is not InputRole.TOKENS:
+            raise ValueError("a tokenizer needs a 'tokens' input")
+        return self
+
+    @property
+    def sequence_input(self) -> str:
+        return next(n for n, i in self.inputs.items() if i.role in SEQUENCE_ROLES)
+
+
+def load_model_config(path: Path) -> ModelConfig:
+    """Read and validate one config.toml; any problem raises ConfigError naming file and field."""
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: file not found") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    try:
+        return ModelConfig.model_validate(raw)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or '(top level)'}: {err['msg']}"
+            for err in exc.errors()
+        )
+        raise ConfigError(f"{path}: {problems}") from None

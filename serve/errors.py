@@ -1,0 +1,67 @@
+"""One error hierarchy for the whole server: each error carries its HTTP status and a short code.
+
+Errors are raised where a problem is found (config loading, validation at the edge, admission,
+the runtime) and mapped to a response in one place, by the HTTP layer.
+"""
+
+from __future__ import annotations
+
+
+class BucketserveError(Exception):
+    """Base class: `status` is the HTTP status, `code` a stable machine-readable name."""
+
+    status: int = 500
+    code: str = "internal"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class ConfigError(BucketserveError):
+    """A model config or model file is missing or wrong; raised at start, naming file and field."""
+
+    code = "bad_config"
+
+
+class MalformedRequest(BucketserveError):
+    status = 400
+    code = "malformed"
+
+
+class ModelNotFound(BucketserveError):
+    status = 404
+    code = "model_not_found"
+
+
+class PayloadTooLarge(BucketserveError):
+    status = 413
+    code = "payload_too_large"
+
+
+class InvalidInput(BucketserveError):
+    status = 422
+    code = "invalid_input"
+
+
+class Unavailable(BucketserveError):
+    """Queue full, model not ready or server draining; the client should retry later."""
+
+    status = 503
+    code = "unavailable"
+
+    def __init__(self, message: str, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class DeadlineExceeded(BucketserveError):
+    status = 504
+    code = "deadline_exceeded"
+
+
+class InferenceFailed(BucketserveError):
+    """The runtime failed on a batch; only that batch's requests see this."""
+
+    status = 500
+    code = "inference_failed"

@@ -1,0 +1,37 @@
+"""`bucketserve models build NAME`: make a bundled model's files in its version folder."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from serve.modelgen import graphs
+from serve.modelgen.save import save_model
+
+
+def _tiny_encoder(version_dir: Path) -> None:
+    save_model(graphs.encoder(), version_dir / "model.onnx")
+
+
+def _tiny_lstm(version_dir: Path) -> None:
+    save_model(graphs.lstm_tagger(), version_dir / "model.onnx")
+
+
+def _minilm(version_dir: Path) -> None:
+    from serve.modelgen.minilm import build_minilm  # needs the `export` extra
+
+    build_minilm(version_dir)
+
+
+RECIPES: dict[str, Callable[[Path], None]] = {
+    "tiny-encoder": _tiny_encoder,
+    "tiny-lstm": _tiny_lstm,
+    "minilm": _minilm,
+}
+
+
+def build(name: str, models_dir: Path, version: int = 1) -> Path:
+    """Run the recipe for `name`; returns the version folder it wrote."""
+    version_dir = models_dir / name / str(version)
+    RECIPES[name](version_dir)
+    return version_dir

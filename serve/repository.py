@@ -1,0 +1,102 @@
+"""The model repository: `models/<name>/config.toml` + `models/<name>/<version>/model.onnx`.
+
+Scanned once at start. Produces one `ModelSpec` per servable model: its config, its files and
+its graph signature, all checked. A model that is built on demand (minilm) and not built yet is
+skipped with a warning that names the command that builds it.
+"""
+
+from __future__ import annotations
+
+import logging
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from serve.config import ModelConfig, load_model_config
+from serve.errors import ConfigError
+from serve.signature import Signature, read_signature
+
+log = logging.getLogger(__name__)
+
+CONFIG_FILE = "config.toml"
+MODEL_FILE = "model.onnx"
+REPOSITORY_FILE = "repository.toml"  # optional: `default_model = "NAME"`
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    version: int
+    config: ModelConfig
+    onnx_path: Path
+    signature: Signature
+    tokenizer_path: Path | None
+
+
+@dataclass(frozen=True)
+class Repository:
+    root: Path
+    models: dict[str, ModelSpec]
+    default_model: str | None
+
+
+def _versions(model_dir: Path) -> list[int]:
+    return sorted(int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit())
+
+
+def load_model_spec(model_dir: Path) -> ModelSpec | None:
+    """One model folder -> its spec; None when it is an on-demand model not built yet."""
+    config_path = model_dir / CONFIG_FILE
+    config = load_model_config(config_path)
+    versions = _versions(model_dir)
+    if not versions and config.build is not None:
+        log.warning("model %s is not built; `bucketserve models build %s` builds it",
+                    model_dir.name, config.build)
+        return None
+    if config.version is not None:
+        version = config.version
+        if version not in versions:
+            raise ConfigError(f"{config_path}: version: folder {model_dir / str(version)} not found")
+    elif versions:
+        version = versions[-1]
+    else:
+        raise ConfigError(f"{model_dir}: no version folder (expected {model_dir}/1/{MODEL_FILE})")
+    onnx_path = model_dir / str(version) / MODEL_FILE
+    if not onnx_path.is_file():
+        raise ConfigError(f"{onnx_path}: file not found")
+    tokenizer_path = None
+    if config.tokenizer is not None:
+        tokenizer_path = onnx_path.parent / config.tokenizer.file
+        if not tokenizer_path.is_file():
+            raise ConfigError(f"{config_path}: tokenizer.file: {tokenizer_path} not found")
+    signature = read_signature(onnx_path, config)
+    return ModelSpec(model_dir.name, version, config, onnx_path, signature, tokenizer_path)
+
+
+def load_repository(root: Path, default_model: str | None = None) -> Repository:
+    """Scan `root`; `default_model` (from settings) overrides the repository's own choice."""
+    if not root.is_dir():
+        raise ConfigError(f"{root}: model repository folder not found")
+    models: dict[str, ModelSpec] = {}
+    for model_dir in sorted(p for p in root.iterdir() if (p / CONFIG_FILE).is_file()):
+        spec = load_model_spec(model_dir)
+        if spec is not None:
+            models[spec.name] = spec
+    if not models:
+        raise ConfigError(f"{root}: no servable model (a model is a folder with {CONFIG_FILE})")
+    repo_file = root / REPOSITORY_FILE
+    source = "default model setting"
+    if default_model is None and repo_file.is_file():
+        source = f"{repo_file}: default_model"
+        try:
+            default_model = tomllib.loads(repo_file.read_text(encoding="utf-8")).get("default_model")
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{repo_file}: not valid TOML: {exc}") from None
+    if default_model is None and len(models) == 1:
+        default_model = next(iter(models))
+    if default_model is not None and default_model not in models:
+        raise ConfigError(
+            f"{source}: '{default_model}' is not a servable model "
+            f"(have {sorted(models)})"
+        )
+    return Repository(root, models, default_model)
