@@ -55,7 +55,7 @@ class BucketPlan:
         edge = length if self.exact_lengths else self.edges[bisect.bisect_left(self.edges, length)]
         return BucketKey(self.capacity(edge), edge)
 
-    def keys(self) -> list[BucketKey]:
+    def all_keys(self) -> list[BucketKey]:
         lengths = range(1, self.max_length + 1) if self.exact_lengths else self.edges
         return [BucketKey(self.capacity(n), n) for n in lengths]
 
@@ -69,7 +69,7 @@ class BucketPlan:
         groups: dict[BucketKey, list[int]] = {}
         for index, length in enumerate(lengths):
             groups.setdefault(self.key_for(length), []).append(index)
-        for key in sorted(groups):
+        for key in sorted(groups, key=lambda k: k.length):
             members = groups[key]
             for start in range(0, len(members), key.rows):
                 yield key, members[start : start + key.rows]
@@ -94,14 +94,20 @@ class Layout:
     @classmethod
     def from_spec(cls, spec: ModelSpec) -> Layout:
         inputs = tuple(
-            _Input(name, cfg.role, spec.signature.inputs[name],
-                   cfg.fill if cfg.role is InputRole.STATE else cfg.pad_value)
+            _Input(
+                name,
+                cfg.role,
+                spec.signature.inputs[name],
+                cfg.fill if cfg.role is InputRole.STATE else cfg.pad_value,
+            )
             for name, cfg in spec.config.inputs.items()
         )
         per_step = {name: out.per_step for name, out in spec.config.outputs.items()}
         return cls(spec.signature, inputs, per_step)
 
-    def collate(self, sequences: Sequence[np.ndarray], rows: int, length: int) -> dict[str, np.ndarray]:
+    def collate(
+        self, sequences: Sequence[np.ndarray], rows: int, length: int
+    ) -> dict[str, np.ndarray]:
         """Feeds for `sequences` padded to `length`, plus pad rows up to `rows`.
 
         A pad row is one step long (a pad token, a zero frame): a row of length 0 is something
@@ -128,8 +134,9 @@ class Layout:
         return feeds
 
 
-def split(outputs: Mapping[str, np.ndarray], lengths: Sequence[int],
-          per_step: Mapping[str, bool]) -> list[dict[str, np.ndarray]]:
+def split(
+    outputs: Mapping[str, np.ndarray], lengths: Sequence[int], per_step: Mapping[str, bool]
+) -> list[dict[str, np.ndarray]]:
     """One dict per real row: pad rows dropped, per-step outputs cut to the row's own length."""
     return [
         {name: out[row, :length] if per_step[name] else out[row] for name, out in outputs.items()}

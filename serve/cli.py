@@ -27,16 +27,27 @@ def parser() -> argparse.ArgumentParser:
     models = commands.add_parser("models", help="manage the model repository")
     models_commands = models.add_subparsers(dest="models_command", required=True)
     build = models_commands.add_parser("build", help="build bundled models' ONNX files")
-    build.add_argument("names", nargs="+", choices=sorted(RECIPES), metavar="NAME",
-                       help=f"one of {', '.join(sorted(RECIPES))}")
-    build.add_argument("--models", type=Path, default=DEFAULT_MODELS,
-                       help="model repository folder (default: ./models)")
+    build.add_argument(
+        "names",
+        nargs="+",
+        choices=sorted(RECIPES),
+        metavar="NAME",
+        help=f"one of {', '.join(sorted(RECIPES))}",
+    )
+    build.add_argument(
+        "--models",
+        type=Path,
+        default=DEFAULT_MODELS,
+        help="model repository folder (default: ./models)",
+    )
     build.set_defaults(run=_models_build)
     return top
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     args = parser().parse_args(argv)
     return int(args.run(args))
 

@@ -8,7 +8,8 @@ checked against the ONNX file by `repository`.
 from __future__ import annotations
 
 import tomllib
-from enum import Enum
+from enum import StrEnum
+from itertools import pairwise
 from pathlib import Path
 from typing import Literal
 
@@ -17,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from serve.errors import ConfigError
 
 
-class InputRole(str, Enum):
+class InputRole(StrEnum):
     """What a model input carries. Requests provide only the sequence (tokens or features)."""
 
     TOKENS = "tokens"  # int ids, [batch, time]
@@ -37,7 +38,9 @@ class _Strict(BaseModel):
 
 class InputConfig(_Strict):
     role: InputRole
-    vocab_size: int | None = Field(default=None, gt=0, description="tokens: ids lie in [0, vocab_size)")
+    vocab_size: int | None = Field(
+        default=None, gt=0, description="tokens: ids lie in [0, vocab_size)"
+    )
     pad_value: float = Field(default=0, description="tokens/features: value at padded positions")
     fill: float = Field(default=0.0, description="state: the value the state is filled with")
 
@@ -67,7 +70,7 @@ class BatchingConfig(_Strict):
     def _increasing(cls, edges: list[int]) -> list[int]:
         if any(e <= 0 for e in edges):
             raise ValueError("bucket edges must be positive")
-        if any(b <= a for a, b in zip(edges, edges[1:], strict=False)):
+        if any(b <= a for a, b in pairwise(edges)):
             raise ValueError("bucket edges must be strictly increasing")
         return edges
 
@@ -83,7 +86,9 @@ class BatchingConfig(_Strict):
 
 class TokenizerConfig(_Strict):
     file: str = "tokenizer.json"
-    max_length: int = Field(default=256, gt=0, description="texts are truncated to this many tokens")
+    max_length: int = Field(
+        default=256, gt=0, description="texts are truncated to this many tokens"
+    )
 
 
 class ModelConfig(_Strict):
@@ -107,7 +112,8 @@ class ModelConfig(_Strict):
         sequence = [n for n, i in self.inputs.items() if i.role in SEQUENCE_ROLES]
         if len(sequence) != 1:
             raise ValueError(
-                f"exactly one input must have role 'tokens' or 'features'; found {sequence or 'none'}"
+                "exactly one input must have role 'tokens' or 'features'; "
+                f"found {sequence or 'none'}"
             )
         for role in (InputRole.MASK, InputRole.LENGTHS):
             named = [n for n, i in self.inputs.items() if i.role is role]

@@ -19,8 +19,9 @@ class Engine:
         self.models = {name: Model(spec, strategy) for name, spec in repository.models.items()}
 
     @classmethod
-    def from_path(cls, root: Path | str, default_model: str | None = None,
-                  strategy: str | None = None) -> Engine:
+    def from_path(
+        cls, root: Path | str, default_model: str | None = None, strategy: str | None = None
+    ) -> Engine:
         return cls(load_repository(Path(root), default_model), strategy)
 
     def model(self, name: str | None = None) -> Model:

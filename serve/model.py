@@ -46,19 +46,25 @@ class Model:
         config = spec.config
         self.layout = Layout.from_spec(spec)
         self.pad_sensitive = (
-            config.pad_sensitive if config.pad_sensitive is not None
+            config.pad_sensitive
+            if config.pad_sensitive is not None
             else is_pad_sensitive(spec, self.layout)
         )
         batching = config.batching
-        self.plan = BucketPlan(tuple(batching.buckets), batching.max_batch_size,
-                               batching.max_batch_tokens, exact_lengths=self.pad_sensitive)
+        self.plan = BucketPlan(
+            tuple(batching.buckets),
+            batching.max_batch_size,
+            batching.max_batch_tokens,
+            exact_lengths=self.pad_sensitive,
+        )
         strategy = strategy or (config.binding if config.mode == "bucketing" else "mutable")
         if self.pad_sensitive:
             strategy = "mutable"  # batches of one exact length run at that length: no padding
         self.executor: Executor = make_executor(strategy, spec, self.plan)
         self.tokenizer = (
             load_tokenizer(spec.tokenizer_path, config.tokenizer.max_length)
-            if spec.tokenizer_path is not None and config.tokenizer is not None else None
+            if spec.tokenizer_path is not None and config.tokenizer is not None
+            else None
         )
         seq_cfg = config.inputs[config.sequence_input]
         self._tokens = seq_cfg.role is InputRole.TOKENS
@@ -66,12 +72,18 @@ class Model:
         seq_dims = spec.signature.inputs[config.sequence_input].dims
         self._feature_dim = seq_dims[2] if len(seq_dims) == 3 else None
         self._dtype = spec.signature.inputs[config.sequence_input].dtype
-        keys = self.plan.keys() if batching.prepare == "all" and not self.pad_sensitive else []
+        keys = self.plan.all_keys() if batching.prepare == "all" and not self.pad_sensitive else []
         for key in [self.plan.default_key, *keys]:
             self.prepare(key)
-        log.info("model %s v%d: %s, keys %s bound, providers %s%s", self.name, spec.version,
-                 self.executor.strategy, ", ".join(map(str, sorted(self.executor.bound_keys))),
-                 self.executor.providers, ", pad-sensitive" if self.pad_sensitive else "")
+        log.info(
+            "model %s v%d: %s, keys %s bound, providers %s%s",
+            self.name,
+            spec.version,
+            self.executor.strategy,
+            ", ".join(map(str, sorted(self.executor.bound_keys))),
+            self.executor.providers,
+            ", pad-sensitive" if self.pad_sensitive else "",
+        )
 
     @property
     def strategy(self) -> str:
@@ -97,17 +109,21 @@ class Model:
                 raise InvalidInput(f"{where}: token ids must lie in [0, {self._vocab_size})")
         else:
             if array.ndim != 2 or array.dtype.kind not in "iuf":
-                raise InvalidInput(f"{where}: expected a list of {self._feature_dim}-number vectors")
+                raise InvalidInput(
+                    f"{where}: expected a list of {self._feature_dim}-number vectors"
+                )
             if array.shape[1] != self._feature_dim:
-                raise InvalidInput(f"{where}: each step needs {self._feature_dim} features, "
-                                   f"got {array.shape[1]}")
+                raise InvalidInput(
+                    f"{where}: each step needs {self._feature_dim} features, got {array.shape[1]}"
+                )
             if not np.isfinite(array).all():
                 raise InvalidInput(f"{where}: features must be finite (no NaN or infinity)")
         if len(array) == 0:
             raise InvalidInput(f"{where}: empty")
         if len(array) > self.plan.max_length:
-            raise InvalidInput(f"{where}: length {len(array)} exceeds the longest bucket "
-                               f"({self.plan.max_length})")
+            raise InvalidInput(
+                f"{where}: length {len(array)} exceeds the longest bucket ({self.plan.max_length})"
+            )
         return array.astype(self._dtype, copy=False)
 
     def encode(self, texts: Sequence[str]) -> list[np.ndarray]:
@@ -129,7 +145,8 @@ class Model:
         sequences = [self.validate(item, i) for i, item in enumerate(items)]
         results: list[Outputs | None] = [None] * len(sequences)
         for key, indices in self.plan.batches([len(s) for s in sequences]):
-            for index, out in zip(indices, self.run_batch(key, [sequences[i] for i in indices]),
-                                  strict=True):
+            for index, out in zip(
+                indices, self.run_batch(key, [sequences[i] for i in indices]), strict=True
+            ):
                 results[index] = out
         return [r for r in results if r is not None]

@@ -16,6 +16,7 @@ from serve.bucketing import Layout, split
 from serve.config import InputRole
 from serve.repository import ModelSpec
 from serve.runtime.sessions import create_session
+from serve.runtime.weights import SharedWeights
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,10 @@ def is_pad_sensitive(spec: ModelSpec, layout: Layout) -> bool:
     padded_length = min(max_length, max(lengths) + 8)
     if padded_length == max(lengths) and len(set(lengths)) == 1:
         return False  # a model whose only length is 1 is never padded
-    session = create_session(spec.onnx_path, spec.config.providers)
+    # Weights from the memmap, so that the check costs no private copy of them.
+    session = create_session(
+        spec.onnx_path, spec.config.providers, weights=SharedWeights(spec.onnx_path)
+    )
     names = list(spec.config.outputs)
     sequences = random_sequences(spec, lengths)
 
@@ -54,6 +58,8 @@ def is_pad_sensitive(spec: ModelSpec, layout: Layout) -> bool:
         (alone,) = run([seq], 1, len(seq))
         for name in names:
             if not np.allclose(alone[name], together[name], rtol=TOLERANCE, atol=TOLERANCE):
-                log.warning("model %s: output %s changes with padding: pad-sensitive", spec.name, name)
+                log.warning(
+                    "model %s: output %s changes with padding: pad-sensitive", spec.name, name
+                )
                 return True
     return False

@@ -50,13 +50,18 @@ def load_model_spec(model_dir: Path) -> ModelSpec | None:
     config = load_model_config(config_path)
     versions = _versions(model_dir)
     if not versions and config.build is not None:
-        log.warning("model %s is not built; `bucketserve models build %s` builds it",
-                    model_dir.name, config.build)
+        log.warning(
+            "model %s is not built; `bucketserve models build %s` builds it",
+            model_dir.name,
+            config.build,
+        )
         return None
     if config.version is not None:
         version = config.version
         if version not in versions:
-            raise ConfigError(f"{config_path}: version: folder {model_dir / str(version)} not found")
+            raise ConfigError(
+                f"{config_path}: version: folder {model_dir / str(version)} not found"
+            )
     elif versions:
         version = versions[-1]
     else:
@@ -89,14 +94,15 @@ def load_repository(root: Path, default_model: str | None = None) -> Repository:
     if default_model is None and repo_file.is_file():
         source = f"{repo_file}: default_model"
         try:
-            default_model = tomllib.loads(repo_file.read_text(encoding="utf-8")).get("default_model")
+            default_model = tomllib.loads(repo_file.read_text(encoding="utf-8")).get(
+                "default_model"
+            )
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{repo_file}: not valid TOML: {exc}") from None
     if default_model is None and len(models) == 1:
         default_model = next(iter(models))
     if default_model is not None and default_model not in models:
         raise ConfigError(
-            f"{source}: '{default_model}' is not a servable model "
-            f"(have {sorted(models)})"
+            f"{source}: '{default_model}' is not a servable model (have {sorted(models)})"
         )
     return Repository(root, models, default_model)

@@ -52,7 +52,9 @@ def _tensor(value: onnx.ValueInfoProto) -> TensorSpec:
             dims.append(d.dim_param)
         else:
             dims.append(f"{value.name}:{i}")  # anonymous free dim; never the batch or time dim
-    return TensorSpec(value.name, np.dtype(helper.tensor_dtype_to_np_dtype(ttype.elem_type)), tuple(dims))
+    return TensorSpec(
+        value.name, np.dtype(helper.tensor_dtype_to_np_dtype(ttype.elem_type)), tuple(dims)
+    )
 
 
 def read_signature(onnx_path: Path, config: ModelConfig) -> Signature:
@@ -79,15 +81,21 @@ def read_signature(onnx_path: Path, config: ModelConfig) -> Signature:
             raise fail("inputs", f"graph input '{name}' has no role in config.toml")
     for name in config.outputs:
         if name not in outputs:
-            raise fail(f"outputs.{name}", f"the graph has no such output (it has {sorted(outputs)})")
+            raise fail(
+                f"outputs.{name}", f"the graph has no such output (it has {sorted(outputs)})"
+            )
 
     seq_name = config.sequence_input
     seq = inputs[seq_name]
     role = config.inputs[seq_name].role
     rank = 2 if role is InputRole.TOKENS else 3
     if len(seq.dims) != rank or any(isinstance(d, int) for d in seq.dims[:2]):
-        raise fail(f"inputs.{seq_name}", f"a {role.value} input must have shape [batch, time" +
-                   (", dim]" if rank == 3 else "]") + f" with free batch and time dims; got {list(seq.dims)}")
+        raise fail(
+            f"inputs.{seq_name}",
+            f"a {role.value} input must have shape [batch, time"
+            + (", dim]" if rank == 3 else "]")
+            + f" with free batch and time dims; got {list(seq.dims)}",
+        )
     if role is InputRole.FEATURES and not isinstance(seq.dims[2], int):
         raise fail(f"inputs.{seq_name}", "the feature dimension must be fixed")
     batch_dim, time_dim = str(seq.dims[0]), str(seq.dims[1])
@@ -100,28 +108,39 @@ def read_signature(onnx_path: Path, config: ModelConfig) -> Signature:
     for name, spec in config.inputs.items():
         dims = inputs[name].dims
         if spec.role in expected and dims != expected[spec.role]:
-            raise fail(f"inputs.{name}", f"a {spec.role.value} input must have dims "
-                       f"{list(expected[spec.role])}; got {list(dims)}")
+            raise fail(
+                f"inputs.{name}",
+                f"a {spec.role.value} input must have dims "
+                f"{list(expected[spec.role])}; got {list(dims)}",
+            )
         if spec.role is InputRole.STATE and (
             dims.count(batch_dim) != 1 or any(isinstance(d, str) and d != batch_dim for d in dims)
         ):
-            raise fail(f"inputs.{name}", f"a state input must have one '{batch_dim}' dim and "
-                       f"fixed sizes otherwise; got {list(dims)}")
+            raise fail(
+                f"inputs.{name}",
+                f"a state input must have one '{batch_dim}' dim and "
+                f"fixed sizes otherwise; got {list(dims)}",
+            )
 
     for name, out in config.outputs.items():
         dims = outputs[name].dims
         lead = (batch_dim, time_dim) if out.per_step else (batch_dim,)
-        if dims[: len(lead)] != lead or any(not isinstance(d, int) for d in dims[len(lead):]):
-            raise fail(f"outputs.{name}", f"expected dims {list(lead)} followed by fixed sizes "
-                       f"(per_step = {str(out.per_step).lower()}); got {list(dims)}")
+        if dims[: len(lead)] != lead or any(not isinstance(d, int) for d in dims[len(lead) :]):
+            raise fail(
+                f"outputs.{name}",
+                f"expected dims {list(lead)} followed by fixed sizes "
+                f"(per_step = {str(out.per_step).lower()}); got {list(dims)}",
+            )
 
-    files = sorted({
-        onnx_path.parent / entry.value
-        for t in graph.initializer
-        if t.data_location == onnx.TensorProto.EXTERNAL
-        for entry in t.external_data
-        if entry.key == "location"
-    })
+    files = sorted(
+        {
+            onnx_path.parent / entry.value
+            for t in graph.initializer
+            if t.data_location == onnx.TensorProto.EXTERNAL
+            for entry in t.external_data
+            if entry.key == "location"
+        }
+    )
     for f in files:
         if not f.is_file():
             raise fail("external data", f"weights file {f.name} is missing")

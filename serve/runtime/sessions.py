@@ -1,7 +1,9 @@
 """Creating ONNX Runtime sessions: thread pools, providers, shared weights, static shapes.
 
 Every session of the process draws on one global intra-op thread pool, so that many sessions
-(one per bucket key) never spin against each other for the same cores.
+(one per bucket key) never spin against each other for the same cores, and on one shared CPU
+arena, so that each key's session does not keep an arena of its own: batches run one at a
+time, so the activation memory of one serves them all.
 """
 
 from __future__ import annotations
@@ -17,17 +19,21 @@ from serve.runtime.weights import SharedWeights
 
 log = logging.getLogger(__name__)
 
-_threads_lock = threading.Lock()
-_threads_set = False
+_process_lock = threading.Lock()
+_process_ready = False
 
 
-def use_global_threads(intra_op_threads: int | None = None) -> None:
-    """Size the process-wide thread pool once, before the first session is made."""
-    global _threads_set
-    with _threads_lock:
-        if not _threads_set:
+def init_process(intra_op_threads: int | None = None) -> None:
+    """Make the process-wide thread pool and CPU arena, once, before the first session."""
+    global _process_ready
+    with _process_lock:
+        if not _process_ready:
             ort.set_global_thread_pool_sizes(intra_op_threads or os.cpu_count() or 1, 1)
-            _threads_set = True
+            cpu = ort.OrtMemoryInfo(
+                "Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT
+            )
+            ort.create_and_register_allocator(cpu, ort.OrtArenaCfg(0, -1, -1, -1))
+            _process_ready = True
 
 
 def create_session(
@@ -40,9 +46,10 @@ def create_session(
     """A session over `onnx_path`. With `weights`, initializers come from the shared memmap and
     prepacking is off (a prepacked copy would be private to the session). `static_dims` fixes
     free dimensions by name, giving a static-shape session for one bucket key."""
-    use_global_threads()
+    init_process()
     options = ort.SessionOptions()
     options.use_per_session_threads = False
+    options.add_session_config_entry("session.use_env_allocators", "1")
     options.log_severity_level = 3
     if weights is not None:
         weights.add_to(options)
@@ -52,6 +59,9 @@ def create_session(
     available = set(ort.get_available_providers())
     wanted = [p for p in providers if p in available] or ["CPUExecutionProvider"]
     session = ort.InferenceSession(str(onnx_path), options, providers=wanted)
+    # The session reads the weights' pages for its whole life, but holds no reference to the
+    # memmap they live in: tie their lifetimes here, or the pages may be unmapped under it.
+    session.shared_weights = weights
     in_use = session.get_providers()
     if in_use[0] != providers[0]:
         # onnxruntime-gpu without a usable GPU falls back to CPU with only a log line of its own.

@@ -29,7 +29,9 @@ class SharedWeights:
             info = {e.key: e.value for e in tensor.external_data}
             location = info["location"]
             if location not in self._maps:
-                self._maps[location] = np.memmap(onnx_path.parent / location, dtype=np.uint8, mode="r")
+                self._maps[location] = np.memmap(
+                    onnx_path.parent / location, dtype=np.uint8, mode="r"
+                )
             start = int(info.get("offset", 0))
             raw = self._maps[location][start : start + int(info["length"])]
             dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type))

@@ -1,0 +1,44 @@
+"""Run in a subprocess by test_runtime: Pss growth when all 8 keys of a large model are bound.
+
+Prints one JSON line: weight bytes, Pss after the default key, Pss after all keys, sessions.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from serve.model import Model
+from serve.padcheck import random_sequences
+from serve.repository import load_model_spec
+
+
+def pss_bytes() -> int:
+    with open("/proc/self/smaps_rollup") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("Pss:"))
+
+
+def main(model_dir: str, strategy: str) -> None:
+    spec = load_model_spec(Path(model_dir))
+    assert spec is not None
+    model = Model(spec, strategy)  # binds and warms the default key
+    one_key = pss_bytes()
+    for key in model.plan.all_keys():
+        model.prepare(key)
+        model.run_batch(key, random_sequences(spec, [key.length]))
+    print(
+        json.dumps(
+            {
+                "weight_bytes": sum(f.stat().st_size for f in spec.signature.external_files),
+                "pss_one_key": one_key,
+                "pss_all_keys": pss_bytes(),
+                "bound_keys": len(model.executor.bound_keys),
+                "sessions": len(model.executor.sessions),
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

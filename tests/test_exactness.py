@@ -1,0 +1,46 @@
+"""Every bundled model, every binding strategy: batched answers equal each sequence run alone."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from serve.model import Model
+from serve.padcheck import random_sequences
+from serve.repository import ModelSpec
+from tests.helpers import Reference, lengths_over_buckets
+
+STRATEGIES = ["shared-session", "session-per-key", "mutable"]
+TOLERANCE = 1e-5
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("model_name", ["tiny-encoder", "tiny-lstm", "minilm"])
+def test_batched_equals_alone(
+    bundled_specs: dict[str, ModelSpec], model_name: str, strategy: str
+) -> None:
+    spec = bundled_specs[model_name]
+    edges = spec.config.batching.buckets
+    sequences = random_sequences(spec, lengths_over_buckets(edges, 200, seed=7), seed=11)
+    model = Model(spec, strategy)
+    assert model.strategy == strategy
+    assert not model.pad_sensitive
+
+    answers = model.predict(sequences)
+
+    # every bucket was used, so every key was bound and ran real batches
+    assert {k.length for k in model.executor.bound_keys} == set(edges)
+    reference = Reference(spec)
+    assert len(answers) == len(sequences)
+    for seq, answer in zip(sequences, answers, strict=True):
+        expected = reference(seq)
+        assert answer.keys() == expected.keys()
+        for name, value in expected.items():
+            assert answer[name].shape == value.shape
+            np.testing.assert_allclose(
+                answer[name],
+                value,
+                rtol=TOLERANCE,
+                atol=TOLERANCE,
+                err_msg=f"{name} at length {len(seq)}",
+            )

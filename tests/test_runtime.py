@@ -1,0 +1,159 @@
+"""Executors: lazy binding, binding once under concurrency, pad rows, shared weights (Pss)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from serve.bucketing import BucketKey
+from serve.model import Model
+from serve.modelgen import graphs
+from serve.padcheck import random_sequences
+from serve.repository import load_model_spec
+from tests.helpers import ENCODER_CONFIG, MODELS, ROOT, Reference, copy_bundled, write_model
+
+
+def tiny_encoder(
+    tmp_models: Path, binding: str = "shared-session", mode: str = "bucketing"
+) -> Model:
+    config = (MODELS / "tiny-encoder" / "config.toml").read_text()
+    config = config.replace('binding = "shared-session"', f'binding = "{binding}"')
+    config = config.replace('mode = "bucketing"', f'mode = "{mode}"')
+    spec = load_model_spec(copy_bundled(tmp_models, "tiny-encoder", config))
+    assert spec is not None
+    return Model(spec)
+
+
+@pytest.mark.parametrize("binding", ["shared-session", "session-per-key"])
+def test_keys_bind_lazily_on_first_batch_or_prepare(tmp_models: Path, binding: str) -> None:
+    model = tiny_encoder(tmp_models, binding)
+    default = model.plan.default_key
+    assert model.executor.bound_keys == {default}  # only the default key at load
+
+    key16 = model.plan.key_for(10)
+    assert key16 == BucketKey(32, 16)
+    model.predict([[1] * 10])  # first batch of that key binds it
+    assert model.executor.bound_keys == {default, key16}
+
+    key32 = model.plan.key_for(30)
+    model.prepare(key32)  # ahead of its first batch
+    assert key32 in model.executor.bound_keys
+    model.predict([[1] * 30, [2] * 25])
+    assert model.executor.bind_counts == {default: 1, key16: 1, key32: 1}
+
+
+@pytest.mark.parametrize("binding", ["shared-session", "session-per-key"])
+def test_concurrent_first_use_binds_once(tmp_models: Path, binding: str) -> None:
+    model = tiny_encoder(tmp_models, binding)
+    key = model.plan.key_for(40)
+    start = threading.Barrier(8)
+    errors: list[BaseException] = []
+
+    def first_use(i: int) -> None:
+        try:
+            start.wait()
+            model.predict([[i + 1] * 40])
+        except BaseException as exc:  # surfaced by the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=first_use, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert model.executor.bind_counts[key] == 1
+
+
+def test_shared_session_holds_one_session_for_all_keys(tmp_models: Path) -> None:
+    model = tiny_encoder(tmp_models, "shared-session")
+    for key in model.plan.all_keys():
+        model.prepare(key)
+    assert len(model.executor.bound_keys) == len(model.plan.all_keys()) == 10
+    assert len(model.executor.sessions) == 1
+
+
+def test_session_per_key_holds_one_session_per_key(tmp_models: Path) -> None:
+    model = tiny_encoder(tmp_models, "session-per-key")
+    for key in model.plan.all_keys()[:4]:
+        model.prepare(key)
+    assert len(model.executor.sessions) == len(model.executor.bound_keys) == 5
+
+
+def test_mutable_mode_runs_at_the_batch_own_longest(tmp_models: Path) -> None:
+    model = tiny_encoder(tmp_models, mode="mutable")
+    assert model.strategy == "mutable"
+    key = model.plan.key_for(20)
+    assert model.executor.batch_shape(key, [17, 20, 18]) == (3, 20)
+    assert len(model.executor.sessions) == 1
+
+
+def test_partial_static_batch_returns_its_real_rows_in_order(tmp_models: Path) -> None:
+    model = tiny_encoder(tmp_models, "session-per-key")
+    spec = model.spec
+    key = model.plan.key_for(20)
+    sequences = random_sequences(spec, [20, 17, 24, 19, 21], seed=3)
+    assert model.executor.batch_shape(key, [len(s) for s in sequences]) == (key.rows, 24)
+    assert key.rows > len(sequences)  # the batch is padded with rows
+
+    answers = model.run_batch(key, sequences)
+
+    reference = Reference(spec)
+    assert len(answers) == len(sequences)
+    for seq, answer in zip(sequences, answers, strict=True):
+        expected = reference(seq)
+        assert answer["last_hidden_state"].shape == (len(seq), 64)
+        np.testing.assert_allclose(
+            answer["sentence_embedding"], expected["sentence_embedding"], rtol=1e-5, atol=1e-5
+        )
+        np.testing.assert_allclose(
+            answer["last_hidden_state"], expected["last_hidden_state"], rtol=1e-5, atol=1e-5
+        )
+
+
+def test_outputs_do_not_alias_reused_buffers(tmp_models: Path) -> None:
+    model = tiny_encoder(tmp_models)
+    first = model.predict([[5, 6, 7]])[0]["sentence_embedding"].copy()
+    kept = model.predict([[5, 6, 7]])[0]
+    model.predict([[9, 9, 9]])  # same key, same buffers
+    np.testing.assert_array_equal(kept["sentence_embedding"], first)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/smaps_rollup").exists(), reason="needs Linux Pss")
+def test_session_per_key_shares_weights_across_eight_keys(tmp_models: Path) -> None:
+    """A ~200 MB model, 8 static-shape sessions: Pss grows by < 10% of the weights.
+
+    (Each extra session costs about 1 MB of its own, whatever the model's size.)
+    """
+    model = graphs.encoder(vocab=1000, dim=1024, heads=8, layers=4, ffn=4096, max_positions=64)
+    config = ENCODER_CONFIG.format(
+        binding="session-per-key",
+        mode="bucketing",
+        vocab=1000,
+        buckets=[4, 8, 12, 16, 20, 24, 28, 32],
+        max_batch_size=2,
+        max_batch_tokens=64,
+    )
+    model_dir = write_model(tmp_models, "big", model, config)
+    del model
+
+    result = subprocess.run(
+        [sys.executable, "-m", "tests.pss_probe", str(model_dir), "session-per-key"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    figures = json.loads(result.stdout.strip().splitlines()[-1])
+
+    assert figures["weight_bytes"] >= 50 * 2**20
+    assert figures["bound_keys"] == figures["sessions"] == 8
+    growth = figures["pss_all_keys"] - figures["pss_one_key"]
+    assert growth < 0.10 * figures["weight_bytes"], figures
