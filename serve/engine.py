@@ -1,22 +1,63 @@
-"""The engine: every model of a repository, loaded and ready to answer.
+"""The engine: every model of a repository, and the batchers that feed them.
 
-The HTTP layer talks to this object only; it owns the models (and, with the server, the
-batcher that feeds them).
+The only module that knows both the batcher and the runtime. The HTTP layer talks to this
+object alone: `model(name)` to validate at the edge, `infer(...)` to queue and await, `drain()`
+on SIGTERM. Without a running event loop it is also the Python API (`model(name).predict`).
+
+Admission happens here: a bounded queue per model (503 + Retry-After when full), a deadline
+per request (504 when it passes; a sequence still queued then is never computed), and no new
+work once draining.
 """
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import Sequence
 from pathlib import Path
 
-from serve.errors import ModelNotFound
+import numpy as np
+
+from serve.batcher import Batcher, BatchObserver, Outputs
+from serve.errors import DeadlineExceeded, ModelNotFound, Unavailable
+from serve.metrics import Metrics
 from serve.model import Model
-from serve.repository import Repository, load_repository
+from serve.repository import ModelSpec, Repository, load_repository
+from serve.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+def _apply_overrides(spec: ModelSpec, settings: Settings) -> ModelSpec:
+    """Settings that override every model's batching (benchmarks: no batching, other delays)."""
+    update: dict[str, object] = {}
+    if settings.max_batch_size is not None:
+        update["max_batch_size"] = settings.max_batch_size
+    if settings.max_queue_delay_ms is not None:
+        update["max_queue_delay_ms"] = settings.max_queue_delay_ms
+    if not update:
+        return spec
+    batching = spec.config.batching.model_copy(update=update)
+    return dataclasses.replace(spec, config=spec.config.model_copy(update={"batching": batching}))
 
 
 class Engine:
-    def __init__(self, repository: Repository, strategy: str | None = None) -> None:
+    def __init__(
+        self, repository: Repository, strategy: str | None = None, settings: Settings | None = None
+    ) -> None:
         self.repository = repository
-        self.models = {name: Model(spec, strategy) for name, spec in repository.models.items()}
+        self.settings = settings or Settings()
+        self.models = {
+            name: Model(_apply_overrides(spec, self.settings), strategy)
+            for name, spec in repository.models.items()
+        }
+        self.batchers: dict[str, Batcher] = {}
+        self.draining = False
+        self._tasks: list[asyncio.Task[None]] = []
+        self._inflight = 0
+        self._settled: asyncio.Event | None = None
 
     @classmethod
     def from_path(
@@ -24,11 +65,90 @@ class Engine:
     ) -> Engine:
         return cls(load_repository(Path(root), default_model), strategy)
 
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Engine:
+        return cls(
+            load_repository(settings.models, settings.default_model), settings.strategy, settings
+        )
+
     def model(self, name: str | None = None) -> Model:
         name = name or self.repository.default_model
         if name is None:
-            raise ModelNotFound("no model named and the repository has no default model")
+            raise ModelNotFound("no model named, and the repository has no default model")
         try:
             return self.models[name]
         except KeyError:
             raise ModelNotFound(f"unknown model '{name}' (have {sorted(self.models)})") from None
+
+    # -- serving (inside an event loop) --------------------------------------------------
+
+    def start(self, metrics: Metrics, observer: BatchObserver | None = None) -> None:
+        """Start one batcher per model; call from the running event loop."""
+        self._metrics = metrics
+        self._settled = asyncio.Event()
+        self._settled.set()
+        for name, model in self.models.items():
+            delay = model.spec.config.batching.max_queue_delay_ms / 1000
+            batcher = Batcher(model, delay, observer or metrics)
+            self.batchers[name] = batcher
+            metrics.watch_bound_keys(name, model.executor.bound_key_count)
+            self._tasks.append(asyncio.create_task(batcher.run(), name=f"batcher-{name}"))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+
+    def deadline(self, timeout_ms: float | None) -> float:
+        """A request's deadline: the server default, which the client may shorten, not extend."""
+        limit = self.settings.request_timeout_ms
+        ms = limit if timeout_ms is None else min(timeout_ms, limit)
+        return time.monotonic() + ms / 1000
+
+    async def infer(
+        self, model: Model, sequences: Sequence[np.ndarray], deadline: float
+    ) -> list[Outputs]:
+        """Queue validated sequences and wait for their outputs, in order."""
+        if self.draining:
+            self._metrics.reject("draining")
+            raise Unavailable("the server is draining; retry on another replica")
+        batcher = self.batchers[model.name]
+        capacity = model.spec.config.batching.queue_capacity
+        if batcher.depth + len(sequences) > capacity:
+            self._metrics.reject("queue_full")
+            raise Unavailable(f"model {model.name}: queue full ({capacity} sequences); retry later")
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            self._metrics.reject("deadline")
+            raise DeadlineExceeded("the deadline passed before the request was queued")
+        self._metrics.admitted(model.name, [len(s) for s in sequences])
+        futures = batcher.submit(sequences, deadline)
+        assert self._settled is not None
+        self._inflight += 1
+        self._settled.clear()
+        try:
+            return await asyncio.wait_for(asyncio.gather(*futures), remaining)
+        except TimeoutError:
+            raise DeadlineExceeded(
+                f"no answer within the deadline ({remaining * 1000:.0f} ms)"
+            ) from None
+        finally:
+            for future in futures:  # a failed or abandoned request leaves nothing to compute
+                future.cancel()
+            self._inflight -= 1
+            if self._inflight == 0:
+                self._settled.set()
+
+    async def drain(self) -> bool:
+        """Refuse new work, wait until everything admitted is answered; False on timeout."""
+        self.draining = True
+        assert self._settled is not None
+        try:
+            await asyncio.wait_for(self._settled.wait(), self.settings.drain_timeout_s)
+        except TimeoutError:
+            log.error(
+                "drain: admitted requests still running after %.0f s", self.settings.drain_timeout_s
+            )
+            return False
+        return True

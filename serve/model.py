@@ -133,6 +133,10 @@ class Model:
         encodings = self.tokenizer.encode_batch(list(texts))
         return [np.asarray(e.ids, dtype=self._dtype) for e in encodings]
 
+    def batch_shape(self, key: BucketKey, lengths: Sequence[int]) -> tuple[int, int]:
+        """(rows, length) a batch with these lengths is computed at: its cost in tokens."""
+        return self.executor.batch_shape(key, lengths)
+
     def run_batch(self, key: BucketKey, sequences: Sequence[np.ndarray]) -> list[Outputs]:
         """Collate -> run -> split for one batch of validated sequences that fit `key`."""
         lengths = [len(s) for s in sequences]

@@ -46,6 +46,9 @@ class Executor(ABC):
     def bound_keys(self) -> frozenset[BucketKey]:
         return frozenset(self._bindings)
 
+    def bound_key_count(self) -> int:
+        return len(self._bindings)
+
     @property
     @abstractmethod
     def sessions(self) -> list[ort.InferenceSession]:

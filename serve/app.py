@@ -1,0 +1,92 @@
+"""The FastAPI application factory: wiring only. Routes live in `serve.http`.
+
+`create_app(settings, engine=None)`: with an engine (tests, the CLI), the app serves it; with
+none, the engine is loaded at startup from `settings.models`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException
+
+from serve import __version__
+from serve.engine import Engine
+from serve.errors import BucketserveError, InvalidInput
+from serve.http import kserve, predict
+from serve.http.common import ClientGone, error_response, json_response
+from serve.http.context import RequestContext
+from serve.metrics import Metrics
+from serve.settings import Settings
+
+log = logging.getLogger(__name__)
+
+CLIENT_CLOSED = 499  # nginx's code for "client closed the request"; never actually delivered
+
+
+def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
+    metrics = Metrics()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        served = (
+            engine
+            if engine is not None
+            else await asyncio.to_thread(Engine.from_settings, settings)
+        )
+        served.start(metrics)
+        app.state.engine = served
+        try:
+            yield
+        finally:
+            await served.drain()
+            await served.stop()
+
+    app = FastAPI(
+        title="bucketserve",
+        version=__version__,
+        lifespan=lifespan,
+        description="Length-bucketed inference for variable-length sequence models.",
+    )
+    app.state.engine = None
+    app.state.metrics = metrics
+    app.include_router(predict.router)
+    app.include_router(kserve.router)
+
+    @app.get("/metrics", summary="Prometheus metrics", include_in_schema=True)
+    async def prometheus() -> Response:
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.exception_handler(BucketserveError)
+    async def on_error(request: Request, exc: BucketserveError) -> Response:
+        if exc.status >= 500:
+            log.warning("%s %s: %s", request.method, request.url.path, exc.message)
+        return error_response(exc)
+
+    @app.exception_handler(ClientGone)
+    async def on_client_gone(request: Request, exc: ClientGone) -> Response:
+        return Response(status_code=CLIENT_CLOSED)
+
+    @app.exception_handler(RequestValidationError)
+    async def on_validation(request: Request, exc: RequestValidationError) -> Response:
+        return error_response(InvalidInput(str(exc.errors())))
+
+    @app.exception_handler(HTTPException)
+    async def on_http(request: Request, exc: HTTPException) -> Response:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return json_response({"error": {"code": code, "message": str(exc.detail)}}, exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def on_bug(request: Request, exc: Exception) -> Response:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return json_response(
+            {"error": {"code": "internal", "message": "internal server error"}}, 500
+        )
+
+    app.add_middleware(RequestContext, metrics=metrics)
+    return app

@@ -1,0 +1,1 @@
+"""The HTTP edge: decode and validate requests, hand them to the engine, encode responses."""

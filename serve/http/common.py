@@ -1,0 +1,102 @@
+"""What every route shares: reading a bounded body, JSON in and out, deadlines, disconnects."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from typing import Any, TypeVar
+
+import numpy as np
+import orjson
+from fastapi import Request, Response
+
+from serve.engine import Engine
+from serve.errors import BucketserveError, MalformedRequest, PayloadTooLarge, Unavailable
+
+T = TypeVar("T")
+
+TIMEOUT_HEADER = "x-request-timeout-ms"
+
+
+class ClientGone(Exception):
+    """The client closed the connection while its request waited; nothing is sent back."""
+
+
+def engine_of(request: Request) -> Engine:
+    engine: Engine = request.app.state.engine
+    return engine
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The whole body, refused with 413 as soon as it passes `limit` bytes."""
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.isdigit():
+            raise MalformedRequest("Content-Length is not a number")
+        if int(declared) > limit:
+            raise PayloadTooLarge(f"body of {declared} bytes exceeds the limit of {limit}")
+    if request.headers.get("content-encoding", "identity") != "identity":
+        raise MalformedRequest("compressed request bodies are not supported")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise PayloadTooLarge(f"body exceeds the limit of {limit} bytes")
+    return bytes(body)
+
+
+def parse_json(raw: bytes) -> Any:
+    if not raw:
+        raise MalformedRequest("empty body: expected a JSON object")
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise MalformedRequest(f"body is not valid JSON: {exc}") from None
+
+
+def json_response(
+    content: Any, status: int = 200, headers: dict[str, str] | None = None
+) -> Response:
+    body = orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY)
+    return Response(body, status, headers, media_type="application/json")
+
+
+def error_response(error: BucketserveError) -> Response:
+    headers = {"Retry-After": str(error.retry_after_s)} if isinstance(error, Unavailable) else None
+    return json_response(
+        {"error": {"code": error.code, "message": error.message}}, error.status, headers
+    )
+
+
+def request_timeout_ms(request: Request) -> float | None:
+    raw = request.headers.get(TIMEOUT_HEADER)
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise MalformedRequest(f"X-Request-Timeout-Ms must be a number, got {raw!r}") from None
+    if not np.isfinite(value) or value <= 0:
+        raise MalformedRequest("X-Request-Timeout-Ms must be a positive number")
+    return value
+
+
+async def _disconnected(request: Request) -> None:
+    # The body has been read, so the next message the server sends is the disconnect.
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def unless_client_leaves(request: Request, work: Awaitable[T]) -> T:
+    """Await `work`, cancelling it (and what it queued) if the client goes away first."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if not task.done():
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        raise ClientGone
+    return task.result()

@@ -1,0 +1,49 @@
+"""Per-request context as plain ASGI middleware: X-Request-Id, and the request metrics.
+
+Plain ASGI (not BaseHTTPMiddleware) so that `receive` reaches the routes untouched: they
+watch it for the client's disconnect.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+
+from starlette.datastructures import MutableHeaders
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from serve.metrics import Metrics
+
+REQUEST_ID = "x-request-id"
+_SAFE_ID = re.compile(r"^[A-Za-z0-9._:/=+-]{1,128}$")
+
+
+class RequestContext:
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        given = dict(scope["headers"]).get(REQUEST_ID.encode(), b"").decode("latin-1")
+        request_id = given if _SAFE_ID.match(given) else uuid.uuid4().hex
+        scope.setdefault("state", {})["request_id"] = request_id
+        start = time.perf_counter()
+        status = 500
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                MutableHeaders(scope=message)[REQUEST_ID] = request_id
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            route = scope.get("route")
+            path = getattr(route, "path", "unmatched")
+            self.metrics.request_done(path, status, time.perf_counter() - start)

@@ -1,0 +1,145 @@
+"""Prometheus metrics: one object records everything, so no endpoint keeps a copy of the logic.
+
+HTTP requests are recorded by the request-context middleware; batches, drops and queue depth
+by the batcher through the `BatchObserver` methods; rejections by admission.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from serve.bucketing import BucketKey
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 128)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "bucketserve_requests",
+            "HTTP requests by route and status",
+            ["route", "status"],
+            registry=r,
+        )
+        self.request_seconds = Histogram(
+            "bucketserve_request_seconds",
+            "HTTP request latency",
+            ["route"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.queue_seconds = Histogram(
+            "bucketserve_queue_seconds",
+            "time a sequence waited",
+            ["model", "bucket"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.compute_seconds = Histogram(
+            "bucketserve_compute_seconds",
+            "time a batch ran",
+            ["model", "bucket"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.batch_size = Histogram(
+            "bucketserve_batch_size",
+            "real sequences per batch",
+            ["model", "bucket"],
+            buckets=BATCH_BUCKETS,
+            registry=r,
+        )
+        self.computed_tokens = Counter(
+            "bucketserve_computed_tokens",
+            "tokens computed (rows x padded length)",
+            ["model", "bucket"],
+            registry=r,
+        )
+        self.padded_tokens = Counter(
+            "bucketserve_padded_tokens",
+            "computed tokens that were padding",
+            ["model", "bucket"],
+            registry=r,
+        )
+        self.padding_ratio = Gauge(
+            "bucketserve_padding_ratio",
+            "padded / computed tokens since start",
+            ["model", "bucket"],
+            registry=r,
+        )
+        self.bound_keys = Gauge(
+            "bucketserve_bound_keys", "bucket keys with a bound executor", ["model"], registry=r
+        )
+        self.queue_depth_gauge = Gauge(
+            "bucketserve_queue_depth", "sequences waiting", ["model"], registry=r
+        )
+        self.rejected = Counter(
+            "bucketserve_rejected", "requests refused before queueing", ["reason"], registry=r
+        )
+        self.dropped_total = Counter(
+            "bucketserve_dropped",
+            "sequences dropped before compute",
+            ["model", "reason"],
+            registry=r,
+        )
+        self.sequence_lengths = Histogram(
+            "bucketserve_sequence_length",
+            "lengths of admitted sequences",
+            ["model"],
+            buckets=(4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512),
+            registry=r,
+        )
+        self._tokens: dict[tuple[str, str], list[int]] = {}
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def request_done(self, route: str, status: int, seconds: float) -> None:
+        self.requests.labels(route, str(status)).inc()
+        self.request_seconds.labels(route).observe(seconds)
+
+    def admitted(self, model: str, lengths: Sequence[int]) -> None:
+        histogram = self.sequence_lengths.labels(model)
+        for length in lengths:
+            histogram.observe(length)
+
+    def batch_done(
+        self,
+        model: str,
+        key: BucketKey,
+        lengths: Sequence[int],
+        shape: tuple[int, int],
+        queue_s: Sequence[float],
+        compute_s: float,
+    ) -> None:
+        bucket = str(key.length)
+        waits = self.queue_seconds.labels(model, bucket)
+        for seconds in queue_s:
+            waits.observe(seconds)
+        self.compute_seconds.labels(model, bucket).observe(compute_s)
+        self.batch_size.labels(model, bucket).observe(len(lengths))
+        computed, real = shape[0] * shape[1], sum(lengths)
+        self.computed_tokens.labels(model, bucket).inc(computed)
+        self.padded_tokens.labels(model, bucket).inc(computed - real)
+        totals = self._tokens.setdefault((model, bucket), [0, 0])
+        totals[0] += computed
+        totals[1] += computed - real
+        self.padding_ratio.labels(model, bucket).set(totals[1] / totals[0])
+
+    def dropped(self, model: str, reason: str, count: int) -> None:
+        self.dropped_total.labels(model, reason).inc(count)
+
+    def queue_depth(self, model: str, depth: int) -> None:
+        self.queue_depth_gauge.labels(model).set(depth)
+
+    def watch_bound_keys(self, model: str, count: Callable[[], int]) -> None:
+        """Read at every scrape, so keys bound later (lazily) are counted too."""
+        self.bound_keys.labels(model).set_function(count)
+
+    def reject(self, reason: str) -> None:
+        self.rejected.labels(reason).inc()

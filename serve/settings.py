@@ -1,0 +1,107 @@
+"""Server settings: one frozen object, built once at start and passed down.
+
+Precedence: command-line flag > `BUCKETSERVE_*` environment variable > default. Nothing reads
+the environment at import time; `Settings.from_env` is called by the CLI. Each field's help
+text is the CLI's `--help`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from serve.errors import ConfigError
+
+ENV_PREFIX = "BUCKETSERVE_"
+STRATEGIES = ("shared-session", "session-per-key", "mutable")
+
+
+@dataclass(frozen=True)
+class Settings:
+    models: Path = field(default=Path("models"), metadata={"help": "model repository folder"})
+    host: str = field(
+        default="127.0.0.1", metadata={"help": "address to listen on (0.0.0.0 in a container)"}
+    )
+    port: int = field(default=8000, metadata={"help": "port to listen on"})
+    default_model: str | None = field(
+        default=None,
+        metadata={"help": "model for requests that name none (default: the repository's choice)"},
+    )
+    request_timeout_ms: int = field(
+        default=30_000,
+        metadata={"help": "deadline of a request; X-Request-Timeout-Ms can only shorten it"},
+    )
+    max_body_bytes: int = field(
+        default=8 * 2**20, metadata={"help": "largest request body accepted (413 above)"}
+    )
+    max_sequences: int = field(
+        default=256, metadata={"help": "most sequences in one request (422 above)"}
+    )
+    drain_timeout_s: float = field(
+        default=30.0,
+        metadata={"help": "on SIGTERM, the longest wait for admitted requests before exiting"},
+    )
+    strategy: str | None = field(
+        default=None,
+        metadata={
+            "help": "override every model's binding: shared-session, session-per-key or mutable"
+        },
+    )
+    max_batch_size: int | None = field(
+        default=None,
+        metadata={"help": "override every model's max_batch_size (1 turns batching off)"},
+    )
+    max_queue_delay_ms: float | None = field(
+        default=None, metadata={"help": "override every model's max_queue_delay_ms"}
+    )
+    intra_op_threads: int | None = field(
+        default=None, metadata={"help": "ONNX Runtime threads for one batch (default: all cores)"}
+    )
+    log_json: bool = field(default=False, metadata={"help": "log JSON lines instead of text"})
+    log_level: str = field(default="info", metadata={"help": "debug, info, warning or error"})
+
+    def __post_init__(self) -> None:
+        if self.strategy is not None and self.strategy not in STRATEGIES:
+            raise ConfigError(f"strategy: {self.strategy!r} is not one of {', '.join(STRATEGIES)}")
+        for name in ("port", "request_timeout_ms", "max_body_bytes", "max_sequences"):
+            if getattr(self, name) <= 0 and not (name == "port" and self.port == 0):
+                raise ConfigError(f"{name}: must be positive, got {getattr(self, name)}")
+        if self.max_batch_size is not None and self.max_batch_size < 1:
+            raise ConfigError(f"max_batch_size: must be at least 1, got {self.max_batch_size}")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        """Defaults, then BUCKETSERVE_* variables, then `overrides` that are not None."""
+        environ = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            raw = environ.get(env_name(f.name))
+            if raw is not None:
+                values[f.name] = parse_value(f.name, str(f.type), raw)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+
+def env_name(field_name: str) -> str:
+    return ENV_PREFIX + field_name.upper()
+
+
+def parse_value(name: str, type_name: str, raw: str) -> Any:
+    """One text value converted to the field's type; errors name the variable."""
+    try:
+        if "Path" in type_name:
+            return Path(raw)
+        if "bool" in type_name:
+            if raw.lower() not in ("1", "0", "true", "false", "yes", "no"):
+                raise ValueError("expected true or false")
+            return raw.lower() in ("1", "true", "yes")
+        if "int" in type_name:
+            return int(raw)
+        if "float" in type_name:
+            return float(raw)
+        return raw
+    except ValueError as exc:
+        raise ConfigError(f"{env_name(name)}={raw!r}: {exc}") from None
