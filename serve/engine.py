@@ -57,6 +57,8 @@ class Engine:
         self.draining = False
         self._tasks: list[asyncio.Task[None]] = []
         self._inflight = 0
+        self.admitted = 0  # requests queued since start
+        self.answered = 0  # of those, requests whose outputs were handed back
         self._settled: asyncio.Event | None = None
 
     @classmethod
@@ -125,10 +127,13 @@ class Engine:
         self._metrics.admitted(model.name, [len(s) for s in sequences])
         futures = batcher.submit(sequences, deadline)
         assert self._settled is not None
+        self.admitted += 1
         self._inflight += 1
         self._settled.clear()
         try:
-            return await asyncio.wait_for(asyncio.gather(*futures), remaining)
+            outputs = await asyncio.wait_for(asyncio.gather(*futures), remaining)
+            self.answered += 1
+            return outputs
         except TimeoutError:
             raise DeadlineExceeded(
                 f"no answer within the deadline ({remaining * 1000:.0f} ms)"
@@ -151,4 +156,7 @@ class Engine:
                 "drain: admitted requests still running after %.0f s", self.settings.drain_timeout_s
             )
             return False
+        log.info(
+            "drained: %d requests admitted since start, %d answered", self.admitted, self.answered
+        )
         return True

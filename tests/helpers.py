@@ -2,16 +2,29 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
+import httpx
 import numpy as np
 import onnx
 import onnxruntime as ort
 
+from serve.app import create_app
 from serve.bucketing import Layout
+from serve.engine import Engine
 from serve.modelgen.save import save_model
-from serve.repository import ModelSpec
+from serve.repository import ModelSpec, load_repository
+from serve.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "models"
@@ -78,3 +91,93 @@ buckets = {buckets}
 max_batch_size = {max_batch_size}
 max_batch_tokens = {max_batch_tokens}
 """
+
+
+class BatchLog:
+    """Wraps a model's `run_batch`: records every batch and can hold batches at a gate."""
+
+    def __init__(self, run_batch: Any) -> None:
+        self._run_batch = run_batch
+        self.batches: list[tuple[Any, list[int]]] = []
+        self.gate = threading.Event()
+        self.gate.set()
+        self.entered = threading.Event()
+
+    def __call__(self, key: Any, sequences: list[np.ndarray]) -> Any:
+        self.batches.append((key, [len(s) for s in sequences]))
+        self.entered.set()
+        if not self.gate.wait(timeout=30):
+            raise TimeoutError("test gate never opened")
+        return self._run_batch(key, sequences)
+
+    @property
+    def sequences(self) -> int:
+        return sum(len(lengths) for _, lengths in self.batches)
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    engine: Engine, settings: Settings | None = None
+) -> AsyncIterator[httpx.AsyncClient]:
+    """The app around `engine`, its lifespan running, and a client talking to it in-process."""
+    app = create_app(settings or engine.settings, engine)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            yield client
+
+
+def make_engine(root: Path, *names: str, **settings: Any) -> Engine:
+    """An engine over copies of bundled models, with settings overridden as given."""
+    for name in names:
+        copy_bundled(root, name)
+    full = Settings(models=root, **settings)
+    return Engine(load_repository(root, full.default_model), full.strategy, full)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@contextlib.contextmanager
+def server_process(
+    models: Path, *flags: str
+) -> Iterator[tuple[subprocess.Popen[bytes], str, Path]]:
+    port = free_port()
+    log_path = models.parent / "server.log"
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "serve.cli",
+                "serve",
+                "--models",
+                str(models),
+                "--port",
+                str(port),
+                *flags,
+            ],
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "BUCKETSERVE_LOG_JSON": "1"},
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert process.poll() is None, log_path.read_text()
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(f"{url}/v2/health/ready", timeout=1).status_code == 200:
+                    break
+            assert time.monotonic() < deadline, "server never became ready"
+            time.sleep(0.1)
+        yield process, url, log_path
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)

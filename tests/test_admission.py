@@ -1,0 +1,140 @@
+"""Overload, deadlines and abandoned requests: 503 with Retry-After, 504, nothing computed in
+vain, nothing admitted lost, nothing hangs."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from serve.engine import Engine
+from serve.repository import load_repository
+from serve.settings import Settings
+from tests.helpers import MODELS, BatchLog, copy_bundled, serving
+
+
+def gated_engine(
+    root: Path, queue_capacity: int = 2048, **settings: object
+) -> tuple[Engine, BatchLog]:
+    """tiny-encoder with its batches held at a gate the test opens."""
+    config = (MODELS / "tiny-encoder" / "config.toml").read_text()
+    copy_bundled(
+        root,
+        "tiny-encoder",
+        config.replace("queue_capacity = 2048", f"queue_capacity = {queue_capacity}"),
+    )
+    engine = Engine(load_repository(root), None, Settings(models=root, **settings))  # type: ignore[arg-type]
+    model = engine.model()
+    log = BatchLog(model.run_batch)
+    log.gate.clear()
+    model.run_batch = log  # type: ignore[method-assign]
+    return engine, log
+
+
+async def until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        await asyncio.sleep(0.005)
+
+
+async def test_full_queue_gets_503_with_retry_after_and_admitted_requests_succeed(
+    tmp_models: Path,
+) -> None:
+    engine, log = gated_engine(tmp_models, queue_capacity=8)
+    async with serving(engine) as client:
+        running = asyncio.create_task(client.post("/predict", json={"sequences": [[1, 2, 3]]}))
+        await asyncio.to_thread(log.entered.wait, 5)  # the worker is now busy with it
+        queued = [
+            asyncio.create_task(client.post("/predict", json={"sequences": [[i + 1] * 20]}))
+            for i in range(8)
+        ]
+        await until(lambda: engine.batchers["tiny-encoder"].depth == 8)
+
+        started = time.monotonic()
+        refused = await asyncio.gather(
+            *(client.post("/predict", json={"sequences": [[9] * 5]}) for _ in range(5))
+        )
+        assert time.monotonic() - started < 2  # refused at once, not after a wait
+        for response in refused:
+            assert response.status_code == 503
+            assert response.json()["error"]["code"] == "unavailable"
+            assert int(response.headers["retry-after"]) >= 1
+
+        log.gate.set()
+        admitted = await asyncio.wait_for(asyncio.gather(running, *queued), 10)
+        metrics = (await client.get("/metrics")).text
+    assert [r.status_code for r in admitted] == [200] * 9
+    assert 'bucketserve_rejected_total{reason="queue_full"} 5.0' in metrics
+    assert log.sequences == 9
+
+
+async def test_deadline_gives_504_and_the_request_is_never_computed(tmp_models: Path) -> None:
+    engine, log = gated_engine(tmp_models, request_timeout_ms=300)
+    async with serving(engine) as client:
+        running = asyncio.create_task(client.post("/predict", json={"sequences": [[1, 2, 3]]}))
+        await asyncio.to_thread(log.entered.wait, 5)
+        started = time.monotonic()
+        short = await client.post(
+            "/predict", json={"sequences": [[7] * 40]}, headers={"X-Request-Timeout-Ms": "100"}
+        )
+        short_s = time.monotonic() - started
+        # a client cannot lengthen the server's deadline (300 ms)
+        longer = await client.post(
+            "/predict", json={"sequences": [[7] * 90]}, headers={"X-Request-Timeout-Ms": "60000"}
+        )
+        long_s = time.monotonic() - started - short_s
+        # the held batch passed its deadline too: answered 504 on time, not left hanging
+        assert (await running).status_code == 504
+        log.gate.set()
+        await engine.batchers["tiny-encoder"].wait_idle()
+        metrics = (await client.get("/metrics")).text
+
+    assert short.status_code == longer.status_code == 504
+    assert short.json()["error"]["code"] == "deadline_exceeded"
+    assert 0.09 < short_s < 2
+    assert 0.29 < long_s < 2
+    assert [lengths for _, lengths in log.batches] == [[3]]  # 40 and 90 were never computed
+    assert 'bucketserve_dropped_total{model="tiny-encoder",reason="expired"} 2.0' in metrics
+
+
+async def test_abandoned_request_is_dropped_before_compute(tmp_models: Path) -> None:
+    engine, log = gated_engine(tmp_models)
+    async with serving(engine) as client:
+        running = asyncio.create_task(client.post("/predict", json={"sequences": [[1, 2, 3]]}))
+        await asyncio.to_thread(log.entered.wait, 5)
+        model = engine.model()
+        abandoned = asyncio.create_task(
+            engine.infer(model, [np.full(50, 4, np.int64)], engine.deadline(None))
+        )
+        await until(lambda: engine.batchers["tiny-encoder"].depth == 1)
+        abandoned.cancel()  # what the HTTP layer does when the client disconnects
+        log.gate.set()
+        assert (await running).status_code == 200
+        answer = await client.post("/predict", json={"sequences": [[5] * 50]})  # wakes the batcher
+        assert answer.status_code == 200
+        await engine.batchers["tiny-encoder"].wait_idle()
+        metrics = (await client.get("/metrics")).text
+    assert [lengths for _, lengths in log.batches] == [[3], [50]]  # only the live 50
+    assert 'bucketserve_dropped_total{model="tiny-encoder",reason="cancelled"} 1.0' in metrics
+
+
+async def test_draining_refuses_new_work_and_readiness_turns_false(tmp_models: Path) -> None:
+    engine, log = gated_engine(tmp_models)
+    async with serving(engine) as client:
+        assert (await client.get("/v2/health/ready")).status_code == 200
+        running = asyncio.create_task(client.post("/predict", json={"sequences": [[1, 2, 3]]}))
+        await asyncio.to_thread(log.entered.wait, 5)
+        drained = asyncio.create_task(engine.drain())
+        await until(lambda: engine.draining)
+        assert (await client.get("/v2/health/ready")).status_code == 503
+        refused = await client.post("/predict", json={"sequences": [[1]]})
+        assert refused.status_code == 503
+        assert "retry-after" in refused.headers
+        assert not drained.done()  # still waiting for the admitted request
+        log.gate.set()
+        assert (await running).status_code == 200
+        assert await asyncio.wait_for(drained, 5) is True

@@ -1,0 +1,106 @@
+"""In-process HTTP: batches form by length under concurrent load, and answers stay exact."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+
+from serve.engine import Engine
+from serve.padcheck import random_sequences
+from serve.repository import ModelSpec, Repository
+from serve.settings import Settings
+from tests.helpers import BatchLog, Reference, lengths_over_buckets, make_engine, serving
+
+
+async def test_concurrent_mixed_lengths_batch_by_length_and_stay_exact(tmp_models: Path) -> None:
+    engine = make_engine(tmp_models, "tiny-encoder", max_queue_delay_ms=30)
+    model = engine.model("tiny-encoder")
+    log = BatchLog(model.run_batch)
+    model.run_batch = log  # type: ignore[method-assign]
+    edges = model.spec.config.batching.buckets
+    lengths = lengths_over_buckets(edges[:6], 90, seed=3)
+    sequences = random_sequences(model.spec, lengths, seed=4)
+    requests = [sequences[i : i + 3] for i in range(0, len(sequences), 3)]  # 30 requests of 3
+
+    async with serving(engine) as client:
+        responses = await asyncio.gather(
+            *(
+                client.post("/predict", json={"sequences": [s.tolist() for s in r]})
+                for r in requests
+            )
+        )
+
+    assert [r.status_code for r in responses] == [200] * len(requests)
+    reference = Reference(model.spec)
+    for request, response in zip(requests, responses, strict=True):
+        body = response.json()
+        assert body["model"] == "tiny-encoder"
+        assert len(body["outputs"]) == len(request)
+        for seq, out in zip(request, body["outputs"], strict=True):
+            expected = reference(seq)
+            for name, value in expected.items():
+                np.testing.assert_allclose(np.asarray(out[name], np.float32), value, atol=1e-5)
+    # The executor's log: every sequence computed once, each batch inside one bucket, and
+    # batches really formed (fewer batches than sequences, several rows in some).
+    assert log.sequences == len(sequences)
+    lower = dict(zip(edges, [0, *edges[:-1]], strict=False))
+    for key, batch_lengths in log.batches:
+        assert all(lower[key.length] < n <= key.length for n in batch_lengths), (key, batch_lengths)
+        assert len(batch_lengths) <= key.rows
+    assert len(log.batches) < len(sequences) / 3
+    assert max(len(b) for _, b in log.batches) >= 4
+    assert len({key for key, _ in log.batches}) == 6
+
+
+async def test_features_model_and_request_id(tmp_models: Path) -> None:
+    engine = make_engine(tmp_models, "tiny-encoder", "tiny-lstm", default_model="tiny-encoder")
+    model = engine.model("tiny-lstm")
+    sequences = random_sequences(model.spec, [5, 40], seed=1)
+    async with serving(engine) as client:
+        response = await client.post(
+            "/predict",
+            headers={"X-Request-Id": "abc-123"},
+            json={"model": "tiny-lstm", "sequences": [s.tolist() for s in sequences]},
+        )
+        generated = await client.post("/predict", json={"sequences": [[1, 2]]})
+    assert response.status_code == 200
+    assert response.headers["x-request-id"] == "abc-123"
+    assert len(generated.headers["x-request-id"]) == 32
+    reference = Reference(model.spec)
+    for seq, out in zip(sequences, response.json()["outputs"], strict=True):
+        assert np.asarray(out["tags"]).shape == (len(seq), 5)
+        np.testing.assert_allclose(out["tags"], reference(seq)["tags"], atol=1e-5)
+        np.testing.assert_allclose(out["final_state"], reference(seq)["final_state"], atol=1e-5)
+
+
+async def test_metrics_report_batches_padding_and_keys(tmp_models: Path) -> None:
+    engine = make_engine(tmp_models, "tiny-encoder")
+    async with serving(engine) as client:
+        await client.post("/predict", json={"sequences": [[1] * 10, [2] * 12, [3] * 3]})
+        text = (await client.get("/metrics")).text
+    assert 'bucketserve_requests_total{route="/predict",status="200"} 1.0' in text
+    # 10 and 12 in bucket 16 (2 rows x 16 = 32 computed, 22 real); 3 in bucket 8
+    assert 'bucketserve_computed_tokens_total{bucket="16",model="tiny-encoder"} 32.0' in text
+    assert 'bucketserve_padded_tokens_total{bucket="16",model="tiny-encoder"} 10.0' in text
+    assert 'bucketserve_padding_ratio{bucket="8",model="tiny-encoder"} 0.625' in text
+    assert 'bucketserve_bound_keys{model="tiny-encoder"} 3.0' in text  # default, 8, 16
+    assert 'bucketserve_batch_size_count{bucket="16",model="tiny-encoder"} 1.0' in text
+    assert "bucketserve_queue_seconds_bucket" in text
+    assert "bucketserve_compute_seconds_bucket" in text
+
+
+async def test_text_requests_use_the_tokenizer(minilm_spec: ModelSpec, tmp_path: Path) -> None:
+    engine = Engine(Repository(tmp_path, {"minilm": minilm_spec}, "minilm"), None, Settings())
+    model = engine.model()
+    async with serving(engine) as client:
+        response = await client.post(
+            "/predict", json={"text": ["hello world", "a longer text here"]}
+        )
+    assert response.status_code == 200
+    outputs = response.json()["outputs"]
+    expected = model.predict(model.encode(["hello world", "a longer text here"]))
+    for out, want in zip(outputs, expected, strict=True):
+        np.testing.assert_allclose(out["sentence_embedding"], want["sentence_embedding"], atol=1e-5)
+        assert len(out["last_hidden_state"]) == len(want["last_hidden_state"])

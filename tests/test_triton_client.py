@@ -1,0 +1,104 @@
+"""`tritonclient.http`, unchanged, against a real server: binary and JSON tensors, the same
+numbers as /predict."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from serve.padcheck import random_sequences
+from serve.repository import load_model_spec
+from tests.helpers import copy_bundled, server_process
+
+httpclient = pytest.importorskip("tritonclient.http")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> object:
+    root = tmp_path_factory.mktemp("triton") / "models"
+    root.mkdir()
+    copy_bundled(root, "tiny-encoder")
+    copy_bundled(root, "tiny-lstm")
+    with server_process(root, "--default-model", "tiny-encoder") as (_, url, _log):
+        yield url, root
+
+
+def padded(sequences: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    longest = max(len(s) for s in sequences)
+    ids = np.zeros((len(sequences), longest), np.int64)
+    mask = np.zeros_like(ids)
+    for row, seq in enumerate(sequences):
+        ids[row, : len(seq)] = seq
+        mask[row, : len(seq)] = 1
+    return ids, mask
+
+
+@pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
+def test_encoder_through_tritonclient_matches_predict(
+    server: tuple[str, Path], binary: bool
+) -> None:
+    url, _ = server
+    sequences = [[5, 9, 2, 44], [7, 1], [3] * 30]
+    client = httpclient.InferenceServerClient(url=url.removeprefix("http://"))
+    assert client.is_server_live()
+    assert client.is_server_ready()
+    assert client.is_model_ready("tiny-encoder")
+    metadata = client.get_model_metadata("tiny-encoder")
+    assert {i["name"] for i in metadata["inputs"]} >= {"input_ids", "attention_mask"}
+
+    ids, mask = padded(sequences)
+    inputs = [
+        httpclient.InferInput("input_ids", list(ids.shape), "INT64"),
+        httpclient.InferInput("attention_mask", list(mask.shape), "INT64"),
+    ]
+    inputs[0].set_data_from_numpy(ids, binary_data=binary)
+    inputs[1].set_data_from_numpy(mask, binary_data=binary)
+    outputs = [
+        httpclient.InferRequestedOutput(name, binary_data=binary)
+        for name in ("sentence_embedding", "last_hidden_state")
+    ]
+    result = client.infer("tiny-encoder", inputs, outputs=outputs, request_id="r-1")
+
+    predicted = httpx.post(f"{url}/predict", json={"sequences": sequences}).json()["outputs"]
+    embeddings = result.as_numpy("sentence_embedding")
+    hidden = result.as_numpy("last_hidden_state")
+    assert embeddings.shape == (3, 64)
+    assert hidden.shape == (3, 30, 64)
+    assert result.get_response()["id"] == "r-1"
+    for row, (seq, want) in enumerate(zip(sequences, predicted, strict=True)):
+        np.testing.assert_allclose(embeddings[row], want["sentence_embedding"], atol=1e-6)
+        np.testing.assert_allclose(hidden[row, : len(seq)], want["last_hidden_state"], atol=1e-6)
+        assert not hidden[row, len(seq) :].any()  # zeros past each row's length
+
+
+def test_features_model_with_lengths_and_default_binary_outputs(server: tuple[str, Path]) -> None:
+    url, root = server
+    spec = load_model_spec(root / "tiny-lstm")
+    assert spec is not None
+    sequences = random_sequences(spec, [6, 11], seed=2)
+    features = np.zeros((2, 11, 16), np.float32)
+    for row, seq in enumerate(sequences):
+        features[row, : len(seq)] = seq
+    lengths = np.array([6, 11], np.int32)
+    client = httpclient.InferenceServerClient(url=url.removeprefix("http://"))
+    inputs = [
+        httpclient.InferInput("features", [2, 11, 16], "FP32"),
+        httpclient.InferInput("lengths", [2], "INT32"),
+    ]
+    inputs[0].set_data_from_numpy(features)
+    inputs[1].set_data_from_numpy(lengths)
+    result = client.infer("tiny-lstm", inputs)  # no outputs named: all of them, binary
+
+    predicted = httpx.post(
+        f"{url}/predict", json={"model": "tiny-lstm", "sequences": [s.tolist() for s in sequences]}
+    ).json()["outputs"]
+    for row, want in enumerate(predicted):
+        np.testing.assert_allclose(
+            result.as_numpy("tags")[row, : lengths[row]], want["tags"], atol=1e-6
+        )
+        np.testing.assert_allclose(
+            result.as_numpy("final_state")[row], want["final_state"], atol=1e-6
+        )
