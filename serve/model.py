@@ -147,10 +147,8 @@ class Model:
     def predict(self, items: Sequence[Any]) -> list[Outputs]:
         """Outputs for each item, in order: the Python API, batched by bucket."""
         sequences = [self.validate(item, i) for i, item in enumerate(items)]
-        results: list[Outputs | None] = [None] * len(sequences)
+        results: dict[int, Outputs] = {}
         for key, indices in self.plan.batches([len(s) for s in sequences]):
-            for index, out in zip(
-                indices, self.run_batch(key, [sequences[i] for i in indices]), strict=True
-            ):
-                results[index] = out
-        return [r for r in results if r is not None]
+            batch = self.run_batch(key, [sequences[i] for i in indices])
+            results.update(zip(indices, batch, strict=True))
+        return [results[i] for i in range(len(sequences))]
