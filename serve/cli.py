@@ -23,6 +23,56 @@ def _serve(args: argparse.Namespace) -> int:
     return server.run(Settings.from_env(**overrides))
 
 
+def _plan(args: argparse.Namespace) -> int:
+    from serve.planner import padding_waste, plan_edges, power_of_two_edges, read_lengths
+
+    if args.lengths is not None:
+        lengths = read_lengths(args.lengths)
+    else:
+        lengths = lengths_from_metrics(args.metrics_url, args.model)
+    top = args.max_length or max(lengths)
+    sample = sorted(lengths)
+    print(
+        f"sample: {len(sample)} lengths, median {sample[len(sample) // 2]}, "
+        f"p99 {sample[int(len(sample) * 0.99)]}, longest {sample[-1]}"
+    )
+    pow2 = power_of_two_edges(top)
+    keys = args.keys or len(pow2)
+    plan = plan_edges(lengths, keys, top)
+    print(f"proposed ({len(plan.edges)} keys): buckets = {list(plan.edges)}")
+    print(f"  expected padding: {100 * plan.waste:.1f}% of computed tokens")
+    print(f"power of two ({len(pow2)} keys): buckets = {list(pow2)}")
+    print(f"  expected padding: {100 * padding_waste(lengths, pow2):.1f}% of computed tokens")
+    return 0
+
+
+def lengths_from_metrics(url: str, model: str | None) -> list[int]:
+    """A length sample from a live server's `bucketserve_sequence_length` histogram; each
+    length is read as its histogram bucket's upper bound (a slight overestimate)."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    cumulative: dict[float, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "bucketserve_sequence_length_bucket" and (
+                model is None or sample.labels.get("model") == model
+            ):
+                bound = float(sample.labels["le"])
+                cumulative[bound] = cumulative.get(bound, 0.0) + sample.value
+    lengths: list[int] = []
+    below = 0.0
+    for bound in sorted(b for b in cumulative if b != float("inf")):
+        lengths += [int(bound)] * int(cumulative[bound] - below)
+        below = cumulative[bound]
+    if not lengths:
+        raise ConfigError(f"{url}: no bucketserve_sequence_length samples yet")
+    return lengths
+
+
 def _models_build(args: argparse.Namespace) -> int:
     from serve.modelgen.build import build
 
@@ -73,6 +123,20 @@ def parser() -> argparse.ArgumentParser:
     )
     _add_settings(serve)
     serve.set_defaults(run=_serve)
+
+    plan = commands.add_parser(
+        "plan",
+        help="propose bucket edges fitted to observed request lengths",
+        description="Fit bucket edges to a sample of request lengths (a file with one length "
+        "per line, or a live server's metrics) and compare their padding with power-of-two edges.",
+    )
+    source = plan.add_mutually_exclusive_group(required=True)
+    source.add_argument("--lengths", type=Path, help="file of lengths, one per line")
+    source.add_argument("--metrics-url", help="a live server's /metrics URL")
+    plan.add_argument("--model", help="with --metrics-url: that model's traffic only")
+    plan.add_argument("--keys", type=int, help="how many buckets (default: as many as power of 2)")
+    plan.add_argument("--max-length", type=int, help="last edge (default: the longest length seen)")
+    plan.set_defaults(run=_plan)
 
     models = commands.add_parser("models", help="manage the model repository")
     models_commands = models.add_subparsers(dest="models_command", required=True)

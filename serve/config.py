@@ -56,7 +56,15 @@ class OutputConfig(_Strict):
 
 
 class BatchingConfig(_Strict):
-    buckets: list[int] = Field(min_length=1, description="bucket edges: the lengths keys pad to")
+    buckets: list[int] | Literal["auto"] = Field(
+        description="bucket edges (the lengths keys pad to), or 'auto': fitted at load to "
+        "length_sample by the planner"
+    )
+    length_sample: str | None = Field(
+        default=None, description="auto: lengths file (one per line) in the model folder"
+    )
+    bucket_count: int = Field(default=12, gt=0, description="auto: how many keys to fit")
+    max_length: int | None = Field(default=None, gt=0, description="auto: the last edge")
     max_batch_size: int = Field(default=16, gt=0)
     max_batch_tokens: int = Field(default=4096, gt=0, description="rows x bucket length, at most")
     max_queue_delay_ms: float = Field(default=5.0, ge=0)
@@ -67,7 +75,11 @@ class BatchingConfig(_Strict):
 
     @field_validator("buckets")
     @classmethod
-    def _increasing(cls, edges: list[int]) -> list[int]:
+    def _increasing(cls, edges: list[int] | str) -> list[int] | str:
+        if isinstance(edges, str):
+            return edges
+        if not edges:
+            raise ValueError("at least one bucket edge is needed")
         if any(e <= 0 for e in edges):
             raise ValueError("bucket edges must be positive")
         if any(b <= a for a, b in pairwise(edges)):
@@ -76,12 +88,29 @@ class BatchingConfig(_Strict):
 
     @model_validator(mode="after")
     def _budget_fits_longest(self) -> BatchingConfig:
-        if self.max_batch_tokens < self.buckets[-1]:
+        if self.buckets == "auto" and (self.length_sample is None or self.max_length is None):
+            raise ValueError("buckets = 'auto' needs length_sample and max_length")
+        longest = self.longest
+        if self.max_batch_tokens < longest:
             raise ValueError(
                 f"max_batch_tokens ({self.max_batch_tokens}) is smaller than the longest "
-                f"bucket ({self.buckets[-1]}): that bucket could never hold a sequence"
+                f"bucket ({longest}): that bucket could never hold a sequence"
             )
         return self
+
+    @property
+    def longest(self) -> int:
+        if isinstance(self.buckets, list):
+            return self.buckets[-1]
+        assert self.max_length is not None
+        return self.max_length
+
+    @property
+    def edges(self) -> list[int]:
+        """The resolved edges; 'auto' is replaced by fitted edges when the model is loaded."""
+        if not isinstance(self.buckets, list):
+            raise RuntimeError("bucket edges not fitted yet")
+        return self.buckets
 
 
 class TokenizerConfig(_Strict):

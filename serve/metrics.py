@@ -14,6 +14,8 @@ from serve.bucketing import BucketKey
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 128)
+# Fine enough for `bucketserve plan` to fit edges to live traffic (edges land on these values).
+LENGTH_BUCKETS = (*range(4, 64, 4), *range(64, 128, 8), *range(128, 257, 16), 320, 384, 448, 512)
 
 
 class Metrics:

@@ -52,7 +52,7 @@ class Model:
         )
         batching = config.batching
         self.plan = BucketPlan(
-            tuple(batching.buckets),
+            tuple(batching.edges),
             batching.max_batch_size,
             batching.max_batch_tokens,
             exact_lengths=self.pad_sensitive,

@@ -37,7 +37,7 @@ def random_sequences(spec: ModelSpec, lengths: list[int], seed: int = 0) -> list
 
 
 def is_pad_sensitive(spec: ModelSpec, layout: Layout) -> bool:
-    max_length = spec.config.batching.buckets[-1]
+    max_length = spec.config.batching.longest
     lengths = sorted({min(n, max_length) for n in (1, 3, 5, 8)})
     padded_length = min(max_length, max(lengths) + 8)
     if padded_length == max(lengths) and len(set(lengths)) == 1:

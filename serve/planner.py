@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -20,6 +21,20 @@ import numpy as np
 class Plan:
     edges: tuple[int, ...]
     waste: float  # expected padded / computed positions
+
+
+def read_lengths(path: Path) -> list[int]:
+    """A length sample: one positive integer per line (blank lines and # comments skipped)."""
+    lengths = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        text = line.split("#", 1)[0].strip()
+        if text:
+            if not text.isdigit() or int(text) < 1:
+                raise ValueError(f"line {number}: {text!r} is not a positive length")
+            lengths.append(int(text))
+    if not lengths:
+        raise ValueError("no lengths in the sample")
+    return lengths
 
 
 def padding_waste(lengths: Iterable[int], edges: Sequence[int]) -> float:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from serve.config import ModelConfig, load_model_config
 from serve.errors import ConfigError
+from serve.planner import plan_edges, read_lengths
 from serve.signature import Signature, read_signature
 
 log = logging.getLogger(__name__)
@@ -75,7 +76,31 @@ def load_model_spec(model_dir: Path) -> ModelSpec | None:
         if not tokenizer_path.is_file():
             raise ConfigError(f"{config_path}: tokenizer.file: {tokenizer_path} not found")
     signature = read_signature(onnx_path, config)
+    if config.batching.buckets == "auto":
+        config = _fit_buckets(config, model_dir, config_path)
     return ModelSpec(model_dir.name, version, config, onnx_path, signature, tokenizer_path)
+
+
+def _fit_buckets(config: ModelConfig, model_dir: Path, config_path: Path) -> ModelConfig:
+    """`buckets = "auto"`: edges fitted by the planner to the model's declared length sample."""
+    batching = config.batching
+    assert batching.length_sample is not None
+    assert batching.max_length is not None
+    sample_path = model_dir / batching.length_sample
+    try:
+        lengths = read_lengths(sample_path)
+        plan = plan_edges(lengths, batching.bucket_count, batching.max_length)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{config_path}: batching.length_sample: {sample_path}: {exc}") from None
+    log.info(
+        "model %s: buckets fitted to %d sampled lengths: %s (expected padding %.1f%%)",
+        model_dir.name,
+        len(lengths),
+        list(plan.edges),
+        100 * plan.waste,
+    )
+    fitted = batching.model_copy(update={"buckets": list(plan.edges)})
+    return config.model_copy(update={"batching": fitted})
 
 
 def load_repository(root: Path, default_model: str | None = None) -> Repository:

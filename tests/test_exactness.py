@@ -20,7 +20,7 @@ def test_batched_equals_alone(
     bundled_specs: dict[str, ModelSpec], model_name: str, strategy: str
 ) -> None:
     spec = bundled_specs[model_name]
-    edges = spec.config.batching.buckets
+    edges = spec.config.batching.edges
     sequences = random_sequences(spec, lengths_over_buckets(edges, 200, seed=7), seed=11)
     model = Model(spec, strategy)
     assert model.strategy == strategy

@@ -19,7 +19,7 @@ async def test_concurrent_mixed_lengths_batch_by_length_and_stay_exact(tmp_model
     model = engine.model("tiny-encoder")
     log = BatchLog(model.run_batch)
     model.run_batch = log  # type: ignore[method-assign]
-    edges = model.spec.config.batching.buckets
+    edges = model.spec.config.batching.edges
     lengths = lengths_over_buckets(edges[:6], 90, seed=3)
     sequences = random_sequences(model.spec, lengths, seed=4)
     requests = [sequences[i : i + 3] for i in range(0, len(sequences), 3)]  # 30 requests of 3

@@ -14,6 +14,7 @@ import httpx
 import numpy as np
 import pytest
 
+from serve.cli import lengths_from_metrics
 from tests.helpers import copy_bundled, server_process
 
 
@@ -31,6 +32,8 @@ def test_serves_predict_metrics_and_readiness(models: Path) -> None:
         assert [len(o["last_hidden_state"]) for o in response.json()["outputs"]] == [3, 20]
         metrics = httpx.get(f"{url}/metrics").text
         assert 'bucketserve_requests_total{route="/predict",status="200"} 1.0' in metrics
+        # the planner can read the live traffic's lengths (as histogram bucket bounds)
+        assert lengths_from_metrics(f"{url}/metrics", "tiny-encoder") == [4, 20]
         assert httpx.get(f"{url}/docs").status_code == 200
         assert "/predict" in httpx.get(f"{url}/openapi.json").json()["paths"]
         process.send_signal(signal.SIGTERM)
