@@ -93,7 +93,7 @@ class Metrics:
             "bucketserve_sequence_length",
             "lengths of admitted sequences",
             ["model"],
-            buckets=(4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512),
+            buckets=LENGTH_BUCKETS,
             registry=r,
         )
         self._tokens: dict[tuple[str, str], list[int]] = {}
