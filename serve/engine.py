@@ -19,9 +19,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+from pydantic import ValidationError
 
 from serve.batcher import Batcher, BatchObserver, Outputs
-from serve.errors import DeadlineExceeded, ModelNotFound, Unavailable
+from serve.config import BatchingConfig
+from serve.errors import ConfigError, DeadlineExceeded, ModelNotFound, Unavailable
 from serve.metrics import Metrics
 from serve.model import Model
 from serve.repository import ModelSpec, Repository, load_repository
@@ -37,9 +39,14 @@ def _apply_overrides(spec: ModelSpec, settings: Settings) -> ModelSpec:
         update["max_batch_size"] = settings.max_batch_size
     if settings.max_queue_delay_ms is not None:
         update["max_queue_delay_ms"] = settings.max_queue_delay_ms
+    if settings.buckets is not None:
+        update["buckets"] = sorted(int(e) for e in settings.buckets.split(","))
     if not update:
         return spec
-    batching = spec.config.batching.model_copy(update=update)
+    try:
+        batching = BatchingConfig.model_validate({**spec.config.batching.model_dump(), **update})
+    except ValidationError as exc:
+        raise ConfigError(f"settings override for model {spec.name}: {exc}") from None
     return dataclasses.replace(spec, config=spec.config.model_copy(update={"batching": batching}))
 
 

@@ -54,6 +54,10 @@ class Settings:
         default=None,
         metadata={"help": "override every model's max_batch_size (1 turns batching off)"},
     )
+    buckets: str | None = field(
+        default=None,
+        metadata={"help": "override every model's bucket edges, e.g. 16,32,64 (benchmarks)"},
+    )
     max_queue_delay_ms: float | None = field(
         default=None, metadata={"help": "override every model's max_queue_delay_ms"}
     )
@@ -69,6 +73,10 @@ class Settings:
         for name in ("port", "request_timeout_ms", "max_body_bytes", "max_sequences"):
             if getattr(self, name) <= 0 and not (name == "port" and self.port == 0):
                 raise ConfigError(f"{name}: must be positive, got {getattr(self, name)}")
+        if self.buckets is not None and not all(
+            e.strip().isdigit() for e in self.buckets.split(",")
+        ):
+            raise ConfigError(f"buckets: expected comma-separated lengths, got {self.buckets!r}")
         if self.max_batch_size is not None and self.max_batch_size < 1:
             raise ConfigError(f"max_batch_size: must be at least 1, got {self.max_batch_size}")
 

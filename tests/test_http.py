@@ -81,10 +81,10 @@ async def test_metrics_report_batches_padding_and_keys(tmp_models: Path) -> None
         await client.post("/predict", json={"sequences": [[1] * 10, [2] * 12, [3] * 3]})
         text = (await client.get("/metrics")).text
     assert 'bucketserve_requests_total{route="/predict",status="200"} 1.0' in text
-    # 10 and 12 in bucket 16 (2 rows x 16 = 32 computed, 22 real); 3 in bucket 8
-    assert 'bucketserve_computed_tokens_total{bucket="16",model="tiny-encoder"} 32.0' in text
-    assert 'bucketserve_padded_tokens_total{bucket="16",model="tiny-encoder"} 10.0' in text
-    assert 'bucketserve_padding_ratio{bucket="8",model="tiny-encoder"} 0.625' in text
+    # 10 and 12 in bucket 16, run at their own longest: 2 rows x 12 = 24 computed, 22 real
+    assert 'bucketserve_computed_tokens_total{bucket="16",model="tiny-encoder"} 24.0' in text
+    assert 'bucketserve_padded_tokens_total{bucket="16",model="tiny-encoder"} 2.0' in text
+    assert 'bucketserve_padding_ratio{bucket="8",model="tiny-encoder"} 0.0' in text
     assert 'bucketserve_bound_keys{model="tiny-encoder"} 3.0' in text  # default, 8, 16
     assert 'bucketserve_batch_size_count{bucket="16",model="tiny-encoder"} 1.0' in text
     assert "bucketserve_queue_seconds_bucket" in text

@@ -86,12 +86,20 @@ def test_session_per_key_holds_one_session_per_key(tmp_models: Path) -> None:
     assert len(model.executor.sessions) == len(model.executor.bound_keys) == 5
 
 
-def test_mutable_mode_runs_at_the_batch_own_longest(tmp_models: Path) -> None:
-    model = tiny_encoder(tmp_models, mode="mutable")
-    assert model.strategy == "mutable"
+@pytest.mark.parametrize(
+    ("binding", "mode", "shape"),
+    [
+        ("shared-session", "bucketing", (3, 20)),
+        ("session-per-key", "bucketing", (32, 24)),
+        ("shared-session", "mutable", (3, 20)),
+    ],
+)
+def test_batch_shapes(tmp_models: Path, binding: str, mode: str, shape: tuple[int, int]) -> None:
+    """Static keys pad to the key's shape; the others run real rows at their own longest."""
+    model = tiny_encoder(tmp_models, binding, mode)
     key = model.plan.key_for(20)
-    assert model.executor.batch_shape(key, [17, 20, 18]) == (3, 20)
-    assert len(model.executor.sessions) == 1
+    assert key == BucketKey(32, 24)
+    assert model.executor.batch_shape(key, [17, 20, 18]) == shape
 
 
 def test_partial_static_batch_returns_its_real_rows_in_order(tmp_models: Path) -> None:

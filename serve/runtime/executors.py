@@ -3,7 +3,8 @@
 Three strategies, chosen by a model's config:
 
 - `shared-session` (bucketing): one session; each bucket key gets its own binding with buffers
-  preallocated at the key's shape. Rows beyond a partial batch are simply not bound.
+  preallocated at the key's shape, and a batch runs at its real rows and its own longest
+  sequence (on a CPU every padded position costs; only static-shape engines need the edge).
 - `session-per-key` (bucketing): one static-shape session per key (free dims fixed), weights
   shared through the memmap; partial batches are filled with pad rows. This is the shape that
   CUDA graphs and TensorRT engines need on a GPU.
@@ -102,7 +103,7 @@ class SharedSessionExecutor(Executor):
         return [self._session]
 
     def batch_shape(self, key: BucketKey, lengths: Sequence[int]) -> tuple[int, int]:
-        return len(lengths), key.length
+        return len(lengths), max(lengths)
 
     def _bind(self, key: BucketKey) -> BufferBinding:
         return BufferBinding(

@@ -1,0 +1,1 @@
+"""Load testing and benchmarking: a locust file, a headless locust runner, and `bench`."""
