@@ -117,6 +117,7 @@ async def open_loop(
 
     async def one(raw: bytes, scheduled: float) -> None:
         nonlocal opened
+        reused = bool(idle)
         if idle:
             conn = idle.pop()
         elif opened < max_connections:
@@ -126,7 +127,16 @@ async def open_loop(
             result.errors["client: out of connections"] += 1
             return
         try:
-            status = await conn.send(raw)
+            try:
+                status = await conn.send(raw)
+            except (ConnectionError, asyncio.IncompleteReadError):
+                if not reused:
+                    raise
+                # The server closed this idle keep-alive connection (its keep-alive timeout)
+                # before the request reached it: what any HTTP client does, reconnect and resend.
+                conn.close()
+                conn = await Connection.open(host, port)
+                status = await conn.send(raw)
         except (ConnectionError, asyncio.IncompleteReadError) as exc:
             result.errors[f"client: {type(exc).__name__}"] += 1
             conn.close()

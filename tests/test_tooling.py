@@ -13,8 +13,8 @@ from tests.helpers import ROOT
 @pytest.mark.parametrize(
     "command",
     [
-        ["ruff", "check", "serve", "tests"],
-        ["ruff", "format", "--check", "serve", "tests"],
+        ["ruff", "check", "serve", "tests", "loadtest", "models"],
+        ["ruff", "format", "--check", "serve", "tests", "loadtest", "models"],
         ["mypy"],
     ],
     ids=["ruff-check", "ruff-format", "mypy"],
