@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -19,6 +18,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from loadtest.bench import free_port
 from serve.app import create_app
 from serve.bucketing import Layout
 from serve.engine import Engine
@@ -133,13 +133,6 @@ def make_engine(root: Path, *names: str, **settings: Any) -> Engine:
         copy_bundled(root, name)
     full = Settings(models=root, **settings)
     return Engine(load_repository(root, full.default_model), full.strategy, full)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @contextlib.contextmanager
