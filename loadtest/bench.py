@@ -21,8 +21,6 @@ import asyncio
 import contextlib
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -39,11 +37,11 @@ import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
 from loadtest.loadgen import Result, closed_loop, encode_post, open_loop
+from loadtest.process import ROOT, running_server
 from serve.bucketing import BucketPlan, Layout
 from serve.planner import padding_waste, power_of_two_edges
 from serve.repository import ModelSpec, load_model_spec
 
-ROOT = Path(__file__).resolve().parent.parent
 CONCURRENCY = 16
 TARGETS = {"ceiling_ratio": 0.85, "speedup_vs_off": 1.3, "padding_waste": 0.10}
 
@@ -83,13 +81,6 @@ def ceiling(spec: ModelSpec, sequences: list[np.ndarray], duration_s: float) -> 
     return {"seq_per_s": done / wall, "tok_per_s": tokens / wall}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def pss_bytes(pid: int) -> int:
     with open(f"/proc/{pid}/smaps_rollup") as f:
         return next(int(line.split()[1]) * 1024 for line in f if line.startswith("Pss:"))
@@ -116,58 +107,26 @@ class Server:
 
 
 @contextlib.contextmanager
-def server(models: Path, model: str, flags: list[str]) -> Iterator[Server]:
-    port = free_port()
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "serve.cli",
-            "serve",
-            "--models",
-            str(models),
-            "--port",
-            str(port),
-            "--default-model",
-            model,
-            "--log-level",
-            "warning",
-            *flags,
-        ],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    srv = Server(process, port)
-    stop = threading.Event()
+def server(models: Path, model: str, flags: list[str], log_path: Path) -> Iterator[Server]:
+    """A server process for one configuration, its Pss sampled every 100 ms while it runs."""
+    with running_server(
+        models, "--default-model", model, "--log-level", "warning", *flags, log_path=log_path
+    ) as (process, url):
+        srv = Server(process, int(url.rsplit(":", 1)[1]))
+        stop = threading.Event()
 
-    def sample_memory() -> None:
-        while not stop.wait(0.1):
-            with contextlib.suppress(OSError, StopIteration):
-                srv.peak_pss = max(srv.peak_pss, pss_bytes(process.pid))
+        def sample_memory() -> None:
+            while not stop.wait(0.1):
+                with contextlib.suppress(OSError, StopIteration):
+                    srv.peak_pss = max(srv.peak_pss, pss_bytes(process.pid))
 
-    sampler = threading.Thread(target=sample_memory, daemon=True)
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            if process.poll() is not None:
-                assert process.stderr is not None
-                raise RuntimeError(f"server exited: {process.stderr.read().decode()[-2000:]}")
-            ready = f"http://127.0.0.1:{port}/v2/health/ready"
-            with contextlib.suppress(OSError), urllib.request.urlopen(ready, timeout=1):
-                break
-            if time.monotonic() > deadline:
-                raise RuntimeError("server never became ready")
-            time.sleep(0.1)
+        sampler = threading.Thread(target=sample_memory, daemon=True)
         sampler.start()
-        yield srv
-    finally:
-        stop.set()
-        process.send_signal(signal.SIGTERM)
         try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
+            yield srv
+        finally:
+            stop.set()
+            sampler.join()
 
 
 def latency_row(result: Result) -> dict[str, Any]:
@@ -191,8 +150,10 @@ def run_config(
     real_tokens: float,
     rates: list[float],
     times: dict[str, float],
+    out: Path,
 ) -> dict[str, Any]:
-    with server(models, model, flags) as srv:
+    log_path = out / f"server-{name.replace(' ', '-').replace(',', '')}.log"
+    with server(models, model, flags, log_path) as srv:
         asyncio.run(closed_loop("127.0.0.1", srv.port, bodies, CONCURRENCY, times["warm"]))
         before = srv.tokens()
         saturation = asyncio.run(
@@ -368,13 +329,14 @@ def main(argv: list[str] | None = None) -> int:
         spec.config.batching.max_batch_size,
         spec.config.batching.max_batch_tokens,
     )
+    args.out.mkdir(parents=True, exist_ok=True)
     print(f"model {model}: measuring the engine ceiling", file=sys.stderr)
     ceiling_row = ceiling(spec, sequences, times["ceiling"])
     batches_waste = padding_waste(lengths, spec.config.batching.edges)
 
     print("saturation of bucketing and batching off, to set the offered loads", file=sys.stderr)
     setup = {
-        name: run_config(name, flags, args.models, model, bodies, real_tokens, [], times)
+        name: run_config(name, flags, args.models, model, bodies, real_tokens, [], times, args.out)
         for name, flags in configs(spec).items()
         if name in ("bucketing", "batching off")
     }
@@ -397,6 +359,7 @@ def main(argv: list[str] | None = None) -> int:
             real_tokens,
             [rate for rate, _ in labelled],
             times,
+            args.out,
         )
         for load, (_, label) in zip(row["loads"], labelled, strict=True):
             load["label"] = label
@@ -416,7 +379,6 @@ def main(argv: list[str] | None = None) -> int:
         "client_cores": max(r["client_cores_at_saturation"] for r in rows),
     }
     report["targets"] = targets(report)
-    args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "bench.json").write_text(json.dumps(report, indent=2))
     (args.out / "bench.md").write_text(markdown(report))
     plot(report, args.out / "bench.png")

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 from pydantic import ValidationError
 
-from serve.batcher import Batcher, BatchObserver, Outputs
+from serve.batcher import Batcher, Outputs
 from serve.config import BatchingConfig
 from serve.errors import ConfigError, DeadlineExceeded, ModelNotFound, Unavailable
 from serve.metrics import Metrics
@@ -91,14 +91,14 @@ class Engine:
 
     # -- serving (inside an event loop) --------------------------------------------------
 
-    def start(self, metrics: Metrics, observer: BatchObserver | None = None) -> None:
+    def start(self, metrics: Metrics) -> None:
         """Start one batcher per model; call from the running event loop."""
         self._metrics = metrics
         self._settled = asyncio.Event()
         self._settled.set()
         for name, model in self.models.items():
             delay = model.spec.config.batching.max_queue_delay_ms / 1000
-            batcher = Batcher(model, delay, observer or metrics)
+            batcher = Batcher(model, delay, metrics)
             self.batchers[name] = batcher
             metrics.watch_bound_keys(name, model.executor.bound_key_count)
             self._tasks.append(asyncio.create_task(batcher.run(), name=f"batcher-{name}"))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,7 +26,7 @@ log = logging.getLogger(__name__)
 Outputs = dict[str, np.ndarray]
 
 
-def load_tokenizer(path: Any, max_length: int) -> Tokenizer:
+def load_tokenizer(path: Path, max_length: int) -> Tokenizer:
     """The tokenizer, with any padding it carries turned off and truncation at `max_length`.
 
     (all-MiniLM's tokenizer.json pads every text to 128: that would make every request cost

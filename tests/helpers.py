@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import subprocess
-import sys
 import threading
-import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +15,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from loadtest.bench import free_port
+from loadtest.process import running_server
 from serve.app import create_app
 from serve.bucketing import Layout
 from serve.engine import Engine
@@ -139,38 +136,10 @@ def make_engine(root: Path, *names: str, **settings: Any) -> Engine:
 def server_process(
     models: Path, *flags: str
 ) -> Iterator[tuple[subprocess.Popen[bytes], str, Path]]:
-    port = free_port()
+    """`bucketserve serve` in its own process, logging JSON lines beside `models`."""
     log_path = models.parent / "server.log"
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "serve.cli",
-                "serve",
-                "--models",
-                str(models),
-                "--port",
-                str(port),
-                *flags,
-            ],
-            cwd=ROOT,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "BUCKETSERVE_LOG_JSON": "1"},
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert process.poll() is None, log_path.read_text()
-            with contextlib.suppress(httpx.TransportError):
-                if httpx.get(f"{url}/v2/health/ready", timeout=1).status_code == 200:
-                    break
-            assert time.monotonic() < deadline, "server never became ready"
-            time.sleep(0.1)
+    with running_server(models, *flags, log_path=log_path, env={"BUCKETSERVE_LOG_JSON": "1"}) as (
+        process,
+        url,
+    ):
         yield process, url, log_path
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait(10)

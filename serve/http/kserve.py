@@ -131,7 +131,7 @@ def _row_lengths(model: Model, inputs: dict[str, np.ndarray], rows: int, steps: 
                 f"input {name}: expected shape [{rows}, {steps}], got {list(given.shape)}"
             )
         lengths = (given != 0).sum(axis=1)
-        if not (given[:, :].astype(bool) == (np.arange(steps) < lengths[:, None])).all():
+        if not (given.astype(bool) == (np.arange(steps) < lengths[:, None])).all():
             raise InvalidInput(f"input {name}: each row must be ones followed by zeros")
         return lengths
     return np.full(rows, steps, np.int64)

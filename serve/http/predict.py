@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -41,7 +42,7 @@ class PredictResponse(BaseModel):
 
 
 async def parse_items(
-    body: Any, model_of: Any, max_sequences: int
+    body: Any, model_of: Callable[[str | None], Model], max_sequences: int
 ) -> tuple[Model, list[np.ndarray]]:
     """The body's model and its validated sequences; every mistake named, before queueing."""
     if not isinstance(body, dict):
@@ -52,7 +53,7 @@ async def parse_items(
     name = body.get("model")
     if name is not None and not isinstance(name, str):
         raise InvalidInput("'model' must be a string")
-    model: Model = model_of(name)
+    model = model_of(name)
     if ("sequences" in body) == ("text" in body):
         raise InvalidInput("send exactly one of 'sequences' or 'text'")
     field = "sequences" if "sequences" in body else "text"

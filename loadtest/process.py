@@ -1,0 +1,78 @@
+"""`bucketserve serve` as a process of its own: started on a free port, waited on until ready,
+stopped with SIGTERM. Shared by the benchmark and the end-to-end tests."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@contextlib.contextmanager
+def running_server(
+    models: Path,
+    *flags: str,
+    log_path: Path,
+    env: dict[str, str] | None = None,
+    ready_within_s: float = 120,
+) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """The process and its base URL, once /v2/health/ready answers 200. On exit a process
+    still running gets SIGTERM (a graceful drain), then is killed if it does not stop."""
+    port = free_port()
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "serve.cli",
+                "serve",
+                "--models",
+                str(models),
+                "--port",
+                str(port),
+                *flags,
+            ],
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + ready_within_s
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"server exited: {log_path.read_text()[-3000:]}")
+            with (
+                contextlib.suppress(OSError),
+                urllib.request.urlopen(f"{url}/v2/health/ready", timeout=1),
+            ):
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"server not ready after {ready_within_s:.0f} s")
+            time.sleep(0.1)
+        yield process, url
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(10)
