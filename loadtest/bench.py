@@ -36,6 +36,7 @@ import onnxruntime as ort
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
+from loadtest.lengths import LengthDistribution
 from loadtest.loadgen import Result, closed_loop, encode_post, open_loop
 from loadtest.process import ROOT, running_server
 from serve.bucketing import BucketPlan, Layout
@@ -50,9 +51,16 @@ def workload(spec: ModelSpec, count: int, seed: int = 0) -> list[np.ndarray]:
     """Token sequences with lengths like natural text: lognormal, median ~22, long tail."""
     rng = np.random.default_rng(seed)
     top = spec.config.batching.longest
-    lengths = np.clip(np.round(rng.lognormal(3.1, 0.75, count)), 4, top).astype(int)
+    lengths = LengthDistribution.parse("natural", top).sample(rng, count)
     vocab = spec.config.inputs[spec.config.sequence_input].vocab_size or 1000
     return [rng.integers(min(1000, vocab // 2), vocab, n) for n in lengths]
+
+
+def requested_outputs(spec: ModelSpec) -> list[str]:
+    """What a client of this model typically asks for: its pooled outputs (a sentence
+    embedding, not hundreds of floats per token) when it has any, else everything."""
+    pooled = [name for name, out in spec.config.outputs.items() if not out.per_step]
+    return pooled or list(spec.config.outputs)
 
 
 def ceiling(spec: ModelSpec, sequences: list[np.ndarray], duration_s: float) -> dict[str, float]:
@@ -235,7 +243,8 @@ def targets(report: dict[str, Any]) -> list[str]:
 def markdown(report: dict[str, Any]) -> str:
     ceiling = report["ceiling"]
     out = [
-        f"Model `{report['model']}`, {report['requests']} distinct requests of one sequence, "
+        f"Model `{report['model']}`, {report['requests']} distinct requests of one sequence "
+        f"(outputs {', '.join(report['outputs'])}), "
         f"lengths median {report['length_median']}, p99 {report['length_p99']}; "
         f"{CONCURRENCY} closed-loop clients at saturation.",
         "",
@@ -323,7 +332,11 @@ def main(argv: list[str] | None = None) -> int:
     sequences = workload(spec, 200 if args.smoke else args.requests, seed=1)
     lengths = [len(s) for s in sequences]
     real_tokens = float(np.mean(lengths))
-    bodies = [encode_post("/predict", orjson.dumps({"sequences": [s.tolist()]})) for s in sequences]
+    wanted = requested_outputs(spec)
+    bodies = [
+        encode_post("/predict", orjson.dumps({"sequences": [s.tolist()], "outputs": wanted}))
+        for s in sequences
+    ]
     ceiling_plan = BucketPlan(
         (spec.config.batching.longest,),
         spec.config.batching.max_batch_size,
@@ -367,6 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {
         "model": model,
         "requests": len(sequences),
+        "outputs": wanted,
         "smoke": args.smoke,
         "length_median": int(np.median(lengths)),
         "length_p99": int(np.percentile(lengths, 99)),

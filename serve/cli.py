@@ -1,4 +1,5 @@
-"""The `bucketserve` command: `serve` the model repository, `models build` the bundled models."""
+"""The `bucketserve` command: `serve` the model repository, `plan` bucket edges, `probe` a running
+server's health (container health checks), `models build` the bundled models."""
 
 from __future__ import annotations
 
@@ -21,6 +22,26 @@ def _serve(args: argparse.Namespace) -> int:
 
     overrides = {f.name: getattr(args, f.name) for f in fields(Settings)}
     return server.run(Settings.from_env(**overrides))
+
+
+# The KServe v2 health routes (serve/http/kserve.py); the container probes use these.
+PROBE_PATHS = {"ready": "/v2/health/ready", "live": "/v2/health/live"}
+
+
+def _probe(args: argparse.Namespace) -> int:
+    """Exit 0 when the local server answers its health route with 200, else 1: a health check
+    that needs no curl in the image."""
+    import urllib.request
+
+    port = args.port or Settings.from_env().port
+    url = f"http://127.0.0.1:{port}{PROBE_PATHS[args.what]}"
+    try:
+        with urllib.request.urlopen(url, timeout=args.timeout) as response:
+            status = response.status
+    except OSError as exc:  # refused, timed out, or an HTTP error status such as 503
+        print(f"{url}: {exc}", file=sys.stderr)
+        return 1
+    return 0 if status == 200 else 1
 
 
 def _plan(args: argparse.Namespace) -> int:
@@ -137,6 +158,17 @@ def parser() -> argparse.ArgumentParser:
     plan.add_argument("--keys", type=int, help="how many buckets (default: as many as power of 2)")
     plan.add_argument("--max-length", type=int, help="last edge (default: the longest length seen)")
     plan.set_defaults(run=_plan)
+
+    probe = commands.add_parser(
+        "probe",
+        help="check a local server's health (exit 0 when healthy)",
+        description="GET the server's KServe v2 health route on 127.0.0.1; exit 0 on 200, 1 "
+        "otherwise. For container health checks (HEALTHCHECK, exec probes).",
+    )
+    probe.add_argument("what", choices=sorted(PROBE_PATHS), help="ready: can take traffic now")
+    probe.add_argument("--port", type=int, help="default: BUCKETSERVE_PORT, else 8000")
+    probe.add_argument("--timeout", type=float, default=3.0, help="seconds")
+    probe.set_defaults(run=_probe)
 
     models = commands.add_parser("models", help="manage the model repository")
     models_commands = models.add_subparsers(dest="models_command", required=True)

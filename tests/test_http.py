@@ -104,3 +104,27 @@ async def test_text_requests_use_the_tokenizer(minilm_spec: ModelSpec, tmp_path:
     for out, want in zip(outputs, expected, strict=True):
         np.testing.assert_allclose(out["sentence_embedding"], want["sentence_embedding"], atol=1e-5)
         assert len(out["last_hidden_state"]) == len(want["last_hidden_state"])
+
+
+async def test_only_the_requested_outputs_and_the_config_as_served(tmp_models: Path) -> None:
+    engine = make_engine(tmp_models, "tiny-encoder", "tiny-lstm", default_model="tiny-encoder")
+    model = engine.model("tiny-encoder")
+    sequence = np.array([5, 9, 2, 7])
+    async with serving(engine) as client:
+        pooled = await client.post(
+            "/predict", json={"sequences": [sequence.tolist()], "outputs": ["sentence_embedding"]}
+        )
+        server = await client.get("/v2")
+        config = await client.get("/v2/models/tiny-lstm/config")
+    assert pooled.status_code == 200
+    (out,) = pooled.json()["outputs"]
+    assert list(out) == ["sentence_embedding"]
+    expected = Reference(model.spec)(sequence)["sentence_embedding"]
+    np.testing.assert_allclose(out["sentence_embedding"], expected, atol=1e-5)
+    assert server.json()["default_model"] == "tiny-encoder"
+    served = config.json()
+    lstm = engine.model("tiny-lstm")
+    assert served["name"] == "tiny-lstm"
+    assert served["batching"]["buckets"] == lstm.spec.config.batching.edges
+    assert served["inputs"]["features"]["role"] == "features"
+    assert served["strategy"] == lstm.executor.strategy

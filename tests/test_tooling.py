@@ -13,8 +13,8 @@ from tests.helpers import ROOT
 @pytest.mark.parametrize(
     "command",
     [
-        ["ruff", "check", "serve", "tests", "loadtest", "models"],
-        ["ruff", "format", "--check", "serve", "tests", "loadtest", "models"],
+        ["ruff", "check", "serve", "tests", "loadtest", "models", "deploy"],
+        ["ruff", "format", "--check", "serve", "tests", "loadtest", "models", "deploy"],
         ["mypy"],
     ],
     ids=["ruff-check", "ruff-format", "mypy"],

@@ -62,9 +62,16 @@ async def ready(request: Request) -> Response:
 
 
 @router.get("", summary="Server metadata")
-async def server_metadata() -> Response:
+async def server_metadata(request: Request) -> Response:
+    # default_model is ours (v2 clients ignore fields they do not know): the model that
+    # /predict serves when a request names none.
     return json_response(
-        {"name": "bucketserve", "version": __version__, "extensions": ["binary_tensor_data"]}
+        {
+            "name": "bucketserve",
+            "version": __version__,
+            "extensions": ["binary_tensor_data"],
+            "default_model": engine_of(request).repository.default_model,
+        }
     )
 
 
@@ -101,6 +108,24 @@ async def model_metadata(request: Request, name: str, version: str | None = None
             "platform": "onnxruntime_onnx",
             "inputs": inputs,
             "outputs": outputs,
+        }
+    )
+
+
+@router.get("/models/{name}/config", summary="Model configuration, as served")
+@router.get("/models/{name}/versions/{version}/config", summary="Model configuration, as served")
+async def model_config(request: Request, name: str, version: str | None = None) -> Response:
+    """The model's config.toml with fitted edges and command-line overrides applied (Triton
+    serves its model configuration at the same path); load generators read the bucket
+    edges from here."""
+    model = _model(request, name, version)
+    return json_response(
+        {
+            "name": model.name,
+            "version": str(model.spec.version),
+            "strategy": model.executor.strategy,
+            "pad_sensitive": model.pad_sensitive,
+            **model.spec.config.model_dump(mode="json"),
         }
     )
 

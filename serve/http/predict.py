@@ -23,7 +23,7 @@ from serve.model import Model
 
 router = APIRouter()
 
-FIELDS = {"model", "sequences", "text"}
+FIELDS = {"model", "sequences", "text", "outputs"}
 
 
 class PredictRequest(BaseModel):
@@ -34,6 +34,9 @@ class PredictRequest(BaseModel):
         None, description="token id lists, or lists of per-step feature vectors (time first)"
     )
     text: list[str] | None = Field(None, description="for models whose config names a tokenizer")
+    outputs: list[str] | None = Field(
+        None, description="names of the outputs to return (default: all of the model's outputs)"
+    )
 
 
 class PredictResponse(BaseModel):
@@ -43,7 +46,7 @@ class PredictResponse(BaseModel):
 
 async def parse_items(
     body: Any, model_of: Callable[[str | None], Model], max_sequences: int
-) -> tuple[Model, list[np.ndarray]]:
+) -> tuple[Model, list[np.ndarray], list[str]]:
     """The body's model and its validated sequences; every mistake named, before queueing."""
     if not isinstance(body, dict):
         raise MalformedRequest("body must be a JSON object")
@@ -64,11 +67,26 @@ async def parse_items(
         raise InvalidInput(f"'{field}' is empty")
     if len(items) > max_sequences:
         raise InvalidInput(f"too many sequences: {len(items)} > {max_sequences}")
+    wanted = _wanted_outputs(body.get("outputs"), model)
     if field == "text":
         if not all(isinstance(t, str) for t in items):
             raise InvalidInput("'text' must be a list of strings")
         items = await asyncio.to_thread(model.encode, items)  # tokenising off the event loop
-    return model, [model.validate(item, i) for i, item in enumerate(items)]
+    return model, [model.validate(item, i) for i, item in enumerate(items)], wanted
+
+
+def _wanted_outputs(names: Any, model: Model) -> list[str]:
+    """The outputs to send back: all by default. Asking for fewer saves encoding and bytes
+    (a per-token hidden state is hundreds of floats per token)."""
+    known = list(model.spec.config.outputs)
+    if names is None:
+        return known
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+        raise InvalidInput("'outputs' must be a non-empty list of output names")
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise InvalidInput(f"model {model.name} has no output(s) {unknown}; it has {known}")
+    return list(dict.fromkeys(names))
 
 
 @router.post(
@@ -85,7 +103,9 @@ async def parse_items(
 async def predict(request: Request) -> Response:
     engine = engine_of(request)
     body = parse_json(await read_body(request, engine.settings.max_body_bytes))
-    model, sequences = await parse_items(body, engine.model, engine.settings.max_sequences)
+    model, sequences, wanted = await parse_items(body, engine.model, engine.settings.max_sequences)
     deadline = engine.deadline(request_timeout_ms(request))
     outputs = await unless_client_leaves(request, engine.infer(model, sequences, deadline))
-    return json_response({"model": model.name, "outputs": outputs})
+    return json_response(
+        {"model": model.name, "outputs": [{n: out[n] for n in wanted} for out in outputs]}
+    )

@@ -1,0 +1,1 @@
+"""Deployment: the image build steps and their smoke test, Kubernetes manifests, compose."""
