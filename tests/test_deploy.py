@@ -17,7 +17,14 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from deploy.image.smoke import env_of, exec_form, healthcheck_command, in_context, read_dockerfile
+from deploy.image.smoke import (
+    dockerignore_rules,
+    env_of,
+    exec_form,
+    healthcheck_command,
+    in_context,
+    read_dockerfile,
+)
 from loadtest.process import running_server
 from serve.app import create_app
 from serve.cli import PROBE_PATHS, parser
@@ -87,11 +94,7 @@ def test_dockerfile_agrees_with_the_project() -> None:
     assert any(r.startswith("sh deploy/image/install.sh") for r in runs)
     assert "[export]" not in (ROOT / "deploy/image/install.sh").read_text()
     # Everything COPY'd from the context exists and gets through .dockerignore.
-    rules = [
-        line.strip()
-        for line in (ROOT / ".dockerignore").read_text().splitlines()
-        if line.strip() and not line.startswith("#")
-    ]
+    rules = dockerignore_rules()
     for stage in stages.values():
         for instruction, value in stage.instructions:
             if instruction == "COPY" and not value.startswith("--from"):

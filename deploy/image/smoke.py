@@ -85,7 +85,7 @@ def healthcheck_command(value: str) -> list[str]:
     return exec_form(value.split(" CMD ", 1)[1].strip())
 
 
-def _rules() -> list[str]:
+def dockerignore_rules() -> list[str]:
     lines = (ROOT / ".dockerignore").read_text().splitlines()
     return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
 
@@ -104,7 +104,7 @@ def in_context(relative: str, rules: list[str]) -> bool:
 
 
 def copy_context(target: Path) -> None:
-    rules = _rules()
+    rules = dockerignore_rules()
     for folder, dirs, files in os.walk(ROOT):
         rel = Path(folder).relative_to(ROOT).as_posix()
         prefix = "" if rel == "." else rel + "/"
