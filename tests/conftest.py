@@ -1,11 +1,13 @@
 from __future__ import annotations
 
+import faulthandler
 import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
 from serve.repository import ModelSpec, load_model_spec
@@ -55,3 +57,27 @@ def tmp_models(tmp_path: Path) -> Path:
     root = tmp_path / "models"
     root.mkdir()
     return root
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """The suite leaves nothing behind that would keep CI waiting after the last test: no
+    server process still running and no gevent patching of this process (locust, imported
+    here, would patch threading and sockets under every later test and the exit)."""
+    problems = []
+    leftovers = psutil.Process().children(recursive=True)
+    for child in leftovers:
+        problems.append(f"process {child.pid} still running: {' '.join(child.cmdline())}")
+        child.kill()
+    psutil.wait_procs(leftovers, timeout=10)
+    monkey = sys.modules.get("gevent.monkey")
+    if monkey is not None and monkey.is_module_patched("threading"):
+        problems.append("gevent patched the test process (something imported locust in-process)")
+    if problems:
+        print("\n" + "\n".join(problems), file=sys.stderr)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_unconfigure() -> None:
+    # A hang while the interpreter shuts down would hold CI until its own limit; after two
+    # minutes, dump every thread's stack and fail instead.
+    faulthandler.dump_traceback_later(120, exit=True)

@@ -13,7 +13,7 @@ import pytest
 from loadtest.lengths import LengthDistribution
 from tests.helpers import ROOT
 
-pytest.importorskip("locust")
+# locust runs in subprocesses only: importing it here would gevent-patch the whole test process.
 
 
 def _rows(path: Path) -> list[dict[str, str]]:
