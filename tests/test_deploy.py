@@ -128,6 +128,7 @@ def test_image_steps_serve_minilm_from_fresh_environments(tmp_path: Path) -> Non
         check=False,
     )
     assert smoke.returncode == 0, smoke.stdout[-3000:] + smoke.stderr[-5000:]
+    assert "CPU-only onnxruntime" in smoke.stderr  # the CPU image does not carry CUDA kernels
     assert "served minilm from the image's steps" in smoke.stderr
 
 

@@ -12,5 +12,22 @@ if [ "$variant" = gpu ]; then
     # CUDA and cuDNN from their pip packages, at the versions onnxruntime-gpu was built with.
     "$venv/bin/pip" install --quiet "$wheel" "onnxruntime-gpu[cuda,cudnn]"
 else
-    "$venv/bin/pip" install --quiet "$wheel"
+    # On linux x86_64 the wheel asks for onnxruntime-gpu, so that a plain pip install can use a
+    # GPU. A CPU image takes the CPU-only onnxruntime instead: the same API without the CUDA
+    # kernels (about 300 MB). The two cannot be installed together, so the wheel goes in without
+    # its dependencies and they follow from its metadata, onnxruntime-gpu renamed.
+    "$venv/bin/pip" install --quiet --no-deps "$wheel"
+    requirements="$(mktemp)"
+    "$venv/bin/python" - > "$requirements" <<'PY'
+import importlib.metadata
+
+wanted = set()
+for requirement in importlib.metadata.requires("bucketserve") or []:
+    spec, _, marker = requirement.partition(";")
+    if "extra" not in marker:
+        wanted.add(spec.strip().replace("onnxruntime-gpu", "onnxruntime"))
+print("\n".join(sorted(wanted)))
+PY
+    "$venv/bin/pip" install --quiet -r "$requirements"
+    rm -f "$requirements"
 fi

@@ -5,7 +5,8 @@ Reads the Dockerfile and does what an image build and `docker run` would do, on 
 1. copies the build context (the files .dockerignore lets through) to a scratch folder;
 2. runs the build stage's script (deploy/image/build.sh: export extra, minilm export, wheel)
    and the runtime stage's install script (deploy/image/install.sh: the wheel and its runtime
-   dependencies only), each in a fresh virtual environment, with the stages' ENV;
+   dependencies only, with the CPU-only onnxruntime), each in a fresh virtual environment,
+   with the stages' ENV;
 3. starts the server stage's CMD with its ENV (WORKDIR /app is the scratch folder), waits on
    its HEALTHCHECK command, sends real requests, then stops it with the STOPSIGNAL and expects
    a clean exit.
@@ -134,6 +135,27 @@ def run_scripts(stages: dict[str, Stage], context: Path) -> None:
                 subprocess.run(["sh", "-c", command], cwd=context, env=env, check=True)
 
 
+def check_runtime_venv(venv: Path) -> None:
+    """The CPU image's environment holds the CPU-only onnxruntime, never onnxruntime-gpu, and
+    nothing of the build stage (torch, transformers)."""
+    probe = (
+        "import importlib.metadata as m, json, onnxruntime as ort\n"
+        "names = {d.metadata['Name'].lower() for d in m.distributions()}\n"
+        "print(json.dumps([sorted(names), ort.get_available_providers()]))"
+    )
+    answer = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", probe], capture_output=True, text=True, check=True
+    )
+    names, providers = json.loads(answer.stdout)
+    for unwanted in ("onnxruntime-gpu", "torch", "transformers"):
+        if unwanted in names:
+            raise RuntimeError(f"the runtime environment holds {unwanted}")
+    if "onnxruntime" not in names or any(p.startswith(("CUDA", "Tensorrt")) for p in providers):
+        raise RuntimeError(f"expected the CPU-only onnxruntime, found providers {providers}")
+    size = sum(f.stat().st_size for f in venv.rglob("*") if f.is_file() and not f.is_symlink())
+    print(f"runtime environment: {size / 2**20:.0f} MiB, CPU-only onnxruntime", file=sys.stderr)
+
+
 def serve_and_check(stages: dict[str, Stage], context: Path, port: int) -> None:
     server = stages["server"]
     env = {**os.environ, **env_of(stages, "server")}
@@ -184,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         context.mkdir(parents=True, exist_ok=True)
         copy_context(context)
         run_scripts(stages, context)
+        check_runtime_venv(context / "opt" / "venv")
         serve_and_check(stages, context, args.port or free_port())
     return 0
 
