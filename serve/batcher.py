@@ -1,7 +1,8 @@
 """The length-aware dynamic batcher: one queue per bucket key, batches formed per key.
 
 Pure queue logic (`BucketQueues`, given the time explicitly) plus a thin asyncio loop
-(`Batcher`) that waits for a ready batch and runs it in a worker thread. No ONNX Runtime here.
+(`Batcher`) that waits for a free instance and a ready batch, and runs the batch in a worker
+thread. No ONNX Runtime here.
 
 The rule, per key: the first sequence waits; the batch fills until it holds the key's
 capacity, or until `max_delay` has passed since that first sequence. Among keys that are
@@ -122,7 +123,10 @@ class Batcher:
         max_delay_s: float,
         observer: BatchObserver,
         clock: Clock = time.monotonic,
+        instances: int = 1,
     ) -> None:
+        """`instances`: batches that may run at once, each in its own worker thread. A batch
+        is formed only when an instance is free, so batches keep gathering while all are busy."""
         self.model = model
         self.queues = BucketQueues(max_delay_s)
         self._observer = observer
@@ -130,9 +134,9 @@ class Batcher:
         self._arrived = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
-        self._running = False
-        # One worker thread: ONNX Runtime already spreads one batch over every core.
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"run-{model.name}")
+        self._free = asyncio.Semaphore(instances)
+        self._running: set[asyncio.Task[None]] = set()
+        self._worker = ThreadPoolExecutor(instances, thread_name_prefix=f"run-{model.name}")
 
     @property
     def depth(self) -> int:
@@ -161,10 +165,26 @@ class Batcher:
     async def run(self) -> None:
         try:
             while True:
-                key, items = await self._next_batch()
-                await self._execute(key, items)
+                await self._free.acquire()
+                try:
+                    key, items = await self._next_batch()
+                except BaseException:
+                    self._free.release()
+                    raise
+                task = asyncio.create_task(self._execute(key, items))
+                self._running.add(task)
+                task.add_done_callback(self._finished)
         finally:
+            for task in self._running:
+                task.cancel()
             self._worker.shutdown(wait=False, cancel_futures=True)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        """A batch is done: its instance is free again."""
+        self._free.release()
+        self._running.discard(task)
+        if not self._running and not len(self.queues):
+            self._idle.set()
 
     async def _next_batch(self) -> tuple[BucketKey, list[Pending]]:
         while True:
@@ -191,7 +211,6 @@ class Batcher:
     async def _execute(self, key: BucketKey, items: list[Pending]) -> None:
         sequences = [item.sequence for item in items]
         lengths = [len(s) for s in sequences]
-        self._running = True
         self._observer.queue_depth(self.model.name, self.depth)
         start = self._clock()
         loop = asyncio.get_running_loop()
@@ -213,5 +232,3 @@ class Batcher:
                 [start - item.enqueued for item in items],
                 self._clock() - start,
             )
-        finally:
-            self._running = False

@@ -27,6 +27,7 @@ from serve.errors import ConfigError, DeadlineExceeded, ModelNotFound, Unavailab
 from serve.metrics import Metrics
 from serve.model import Model
 from serve.repository import ModelSpec, Repository, load_repository
+from serve.runtime.sessions import init_process, runs_on_cpu, thread_layout
 from serve.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,12 @@ class Engine:
     ) -> None:
         self.repository = repository
         self.settings = settings or Settings()
+        self.instances, threads = thread_layout(
+            self.settings.instances,
+            self.settings.intra_op_threads,
+            all(runs_on_cpu(spec.config.providers) for spec in repository.models.values()),
+        )
+        init_process(threads)  # before the first session: the pool is the process's
         self.models = {
             name: Model(_apply_overrides(spec, self.settings), strategy)
             for name, spec in repository.models.items()
@@ -98,7 +105,7 @@ class Engine:
         self._settled.set()
         for name, model in self.models.items():
             delay = model.spec.config.batching.max_queue_delay_ms / 1000
-            batcher = Batcher(model, delay, metrics)
+            batcher = Batcher(model, delay, metrics, instances=self.instances)
             self.batchers[name] = batcher
             metrics.watch_bound_keys(name, model.executor.bound_key_count)
             self._tasks.append(asyncio.create_task(batcher.run(), name=f"batcher-{name}"))

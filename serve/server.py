@@ -16,7 +16,6 @@ import uvicorn
 from serve import logs
 from serve.app import create_app
 from serve.engine import Engine
-from serve.runtime.sessions import init_process
 from serve.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -48,7 +47,6 @@ class DrainingServer(uvicorn.Server):
 
 def run(settings: Settings) -> int:
     logs.configure(settings.log_level, settings.log_json)
-    init_process(settings.intra_op_threads)
     engine = Engine.from_settings(settings)
     config = uvicorn.Config(
         create_app(settings, engine),

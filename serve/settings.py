@@ -61,8 +61,16 @@ class Settings:
     max_queue_delay_ms: float | None = field(
         default=None, metadata={"help": "override every model's max_queue_delay_ms"}
     )
+    instances: int | None = field(
+        default=None,
+        metadata={
+            "help": "batches of one model that run at once, each in its own thread (default: "
+            "one per core when every model runs on the CPU, else 1)"
+        },
+    )
     intra_op_threads: int | None = field(
-        default=None, metadata={"help": "ONNX Runtime threads for one batch (default: all cores)"}
+        default=None,
+        metadata={"help": "ONNX Runtime threads for one batch (default: cores / instances)"},
     )
     log_json: bool = field(default=False, metadata={"help": "log JSON lines instead of text"})
     log_level: str = field(default="info", metadata={"help": "debug, info, warning or error"})
@@ -73,6 +81,9 @@ class Settings:
         for name in ("port", "request_timeout_ms", "max_body_bytes", "max_sequences"):
             if getattr(self, name) <= 0 and not (name == "port" and self.port == 0):
                 raise ConfigError(f"{name}: must be positive, got {getattr(self, name)}")
+        for name in ("instances", "intra_op_threads"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ConfigError(f"{name}: must be at least 1, got {getattr(self, name)}")
         if self.buckets is not None and not all(
             e.strip().isdigit() for e in self.buckets.split(",")
         ):

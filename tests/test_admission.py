@@ -19,7 +19,9 @@ from tests.helpers import MODELS, BatchLog, copy_bundled, serving
 def gated_engine(
     root: Path, queue_capacity: int = 2048, **settings: object
 ) -> tuple[Engine, BatchLog]:
-    """tiny-encoder with its batches held at a gate the test opens."""
+    """tiny-encoder with its batches held at a gate the test opens; one instance, so that the
+    batch at the gate holds back every later one."""
+    settings.setdefault("instances", 1)
     config = (MODELS / "tiny-encoder" / "config.toml").read_text()
     copy_bundled(
         root,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import threading
 from collections.abc import Sequence
 
 import numpy as np
@@ -171,3 +173,33 @@ async def test_expired_sequences_are_never_computed() -> None:
     assert all(isinstance(r, DeadlineExceeded) for r in results[0])  # type: ignore[union-attr]
     assert model.batches == []
     assert observer.drops == {"expired": 2}
+
+
+class MeetingModel(FakeModel):
+    """Each batch waits, in its worker thread, until `meet` batches are running at once."""
+
+    def __init__(self, meet: int) -> None:
+        super().__init__()
+        self.barrier = threading.Barrier(meet, timeout=0.5)
+        self.met = 0
+
+    def run_batch(self, key: BucketKey, sequences: Sequence[np.ndarray]) -> list[Outputs]:
+        with contextlib.suppress(threading.BrokenBarrierError):
+            self.barrier.wait()
+            self.met += 1
+        return super().run_batch(key, sequences)
+
+
+@pytest.mark.parametrize(("instances", "met"), [(2, 2), (1, 0)])
+async def test_instances_run_that_many_batches_at_once(instances: int, met: int) -> None:
+    """Two batches (two buckets) meet inside the model only when two instances exist; with one,
+    the first waits out the barrier alone and everything is still answered, in order."""
+    model = MeetingModel(meet=2)
+    batcher = Batcher(model, 0.0, NullObserver(), instances=instances)
+    futures = batcher.submit([np.full(3, 1), np.full(20, 2)], deadline=1e12)
+    task = asyncio.create_task(batcher.run())
+    outputs = await asyncio.wait_for(asyncio.gather(*futures), 10)
+    await asyncio.wait_for(batcher.wait_idle(), 5)
+    task.cancel()
+    assert [int(o["length"]) for o in outputs] == [3, 20]
+    assert model.met == met

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -12,10 +13,13 @@ import numpy as np
 import pytest
 
 from serve.bucketing import BucketKey
+from serve.errors import ConfigError
 from serve.model import Model
 from serve.modelgen import graphs
 from serve.padcheck import random_sequences
 from serve.repository import load_model_spec
+from serve.runtime.sessions import runs_on_cpu, thread_layout
+from serve.settings import Settings
 from tests.helpers import ENCODER_CONFIG, MODELS, ROOT, Reference, copy_bundled, write_model
 
 
@@ -165,3 +169,54 @@ def test_session_per_key_shares_weights_across_eight_keys(tmp_models: Path) -> N
     assert figures["bound_keys"] == figures["sessions"] == 8
     growth = figures["pss_all_keys"] - figures["pss_one_key"]
     assert growth < 0.10 * figures["weight_bytes"], figures
+
+
+@pytest.mark.parametrize(
+    ("binding", "mode"),
+    [
+        ("shared-session", "bucketing"),
+        ("session-per-key", "bucketing"),
+        ("shared-session", "mutable"),
+    ],
+)
+def test_concurrent_batches_of_one_key_stay_exact(
+    tmp_models: Path, binding: str, mode: str
+) -> None:
+    """Several instances running the same key at once each get a binding of their own (its
+    buffers are reused between runs), on the key's one session."""
+    model = tiny_encoder(tmp_models, binding, mode)
+    reference = Reference(model.spec)
+    inputs = [random_sequences(model.spec, [17 + i, 32 - i, 20 + i], seed=i) for i in range(8)]
+    start = threading.Barrier(8)
+    results: dict[int, list[dict[str, np.ndarray]]] = {}
+
+    def run(i: int) -> None:
+        start.wait()
+        for _ in range(20):
+            results[i] = model.predict(inputs[i])
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i, sequences in enumerate(inputs):
+        for sequence, out in zip(sequences, results[i], strict=True):
+            for name, value in reference(sequence).items():
+                np.testing.assert_allclose(out[name], value, rtol=1e-5, atol=1e-5)
+    keys = {model.plan.key_for(len(s)) for seqs in inputs for s in seqs} | {model.plan.default_key}
+    per_key = binding == "session-per-key"
+    assert len(model.executor.sessions) == (len(keys) if per_key else 1)  # none per instance
+
+
+def test_thread_layout_gives_a_cpu_one_instance_per_core() -> None:
+    cores = os.cpu_count() or 1
+    assert thread_layout(None, None, all_on_cpu=True) == (cores, 1)
+    assert thread_layout(None, None, all_on_cpu=False) == (1, cores)  # a GPU: one batch at once
+    assert thread_layout(1, None, all_on_cpu=True) == (1, cores)
+    assert thread_layout(3, 2, all_on_cpu=True) == (3, 2)  # what is asked for wins
+    assert runs_on_cpu(["CPUExecutionProvider"])
+    assert runs_on_cpu(["NoSuchExecutionProvider", "CPUExecutionProvider"])
+    assert Settings.from_env({"BUCKETSERVE_INSTANCES": "2"}).instances == 2
+    with pytest.raises(ConfigError, match="instances: must be at least 1"):
+        Settings(instances=0)

@@ -12,6 +12,9 @@ Three strategies, chosen by a model's config:
   exact-shape views rebound when the shape changes; batches pad to their own longest sequence.
 
 A key is bound on its first batch or by `prepare`, once, even under concurrent first use.
+When the server runs several batches at once (`instances`), a batch that finds every binding
+of its key busy gets another one like it, on the same session and weights: a key ends up with
+as many bindings as it ever had concurrent batches, and no more.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from __future__ import annotations
 import threading
 from abc import ABC, abstractmethod
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 
 import numpy as np
 import onnxruntime as ort
@@ -39,7 +42,9 @@ class Executor(ABC):
         self.plan = plan
         self.output_names = list(spec.config.outputs)
         self.bind_counts: Counter[BucketKey] = Counter()
-        self._bindings: dict[BucketKey, BufferBinding] = {}
+        # A key's bindings, shared by the keys of one family (all of them in mutable mode).
+        self._bindings: dict[BucketKey, list[BufferBinding]] = {}
+        self._families: dict[Hashable, list[BufferBinding]] = {}
         self._key_locks: dict[BucketKey, threading.Lock] = {}
         self._locks_lock = threading.Lock()
 
@@ -66,7 +71,11 @@ class Executor(ABC):
 
     @abstractmethod
     def _bind(self, key: BucketKey) -> BufferBinding:
-        """Bind an executor for `key`; called once per key."""
+        """A new binding for `key`: its first, or another for a concurrent batch."""
+
+    def _family(self, key: BucketKey) -> Hashable:
+        """Keys of one family share their bindings."""
+        return key
 
     def prepare(self, key: BucketKey) -> bool:
         """Bind `key` unless bound already; True when this call bound it."""
@@ -77,18 +86,28 @@ class Executor(ABC):
         with lock:
             if key in self._bindings:
                 return False
-            binding = self._bind(key)
+            family = self._families.get(self._family(key))
+            if family is None:
+                family = self._families[self._family(key)] = [self._bind(key)]
             self.bind_counts[key] += 1
-            self._bindings[key] = binding
+            self._bindings[key] = family
             return True
 
     def run(self, key: BucketKey, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run collated `feeds` (already at `batch_shape`) under `key`, binding it if new."""
         self.prepare(key)
-        binding = self._bindings[key]
+        family = self._bindings[key]
         rows, length = feeds[self.spec.config.sequence_input].shape[:2]
-        with binding.lock:
+        binding = next((b for b in list(family) if b.lock.acquire(blocking=False)), None)
+        if binding is None:  # every binding of this key is running a batch
+            binding = self._bind(key)
+            binding.lock.acquire()
+            with self._locks_lock:
+                family.append(binding)
+        try:
             return binding.run(feeds, rows, length)
+        finally:
+            binding.lock.release()
 
 
 class SharedSessionExecutor(Executor):
@@ -117,23 +136,28 @@ class SessionPerKeyExecutor(Executor):
     def __init__(self, spec: ModelSpec, plan: BucketPlan) -> None:
         super().__init__(spec, plan)
         self.weights = SharedWeights(spec.onnx_path)
+        self._sessions: dict[BucketKey, ort.InferenceSession] = {}
 
     @property
     def sessions(self) -> list[ort.InferenceSession]:
-        return [b.session for b in self._bindings.values()]
+        return list(self._sessions.values())
 
     def batch_shape(self, key: BucketKey, lengths: Sequence[int]) -> tuple[int, int]:
         return key.rows, key.length
 
     def _bind(self, key: BucketKey) -> BufferBinding:
-        sig = self.spec.signature
-        session = create_session(
-            self.spec.onnx_path,
-            self.spec.config.providers,
-            weights=self.weights,
-            static_dims={sig.batch_dim: key.rows, sig.time_dim: key.length},
+        session = self._sessions.get(key)
+        if session is None:  # the key's first binding; later ones share its session
+            sig = self.spec.signature
+            session = self._sessions[key] = create_session(
+                self.spec.onnx_path,
+                self.spec.config.providers,
+                weights=self.weights,
+                static_dims={sig.batch_dim: key.rows, sig.time_dim: key.length},
+            )
+        return BufferBinding(
+            session, self.spec.signature, self.output_names, [(key.rows, key.length)]
         )
-        return BufferBinding(session, sig, self.output_names, [(key.rows, key.length)])
 
 
 class MutableExecutor(Executor):
@@ -141,19 +165,22 @@ class MutableExecutor(Executor):
 
     def __init__(self, spec: ModelSpec, plan: BucketPlan) -> None:
         super().__init__(spec, plan)
-        session = create_session(spec.onnx_path, spec.config.providers)
-        shapes = [(k.rows, k.length) for k in plan.all_keys()]
-        self._binding = BufferBinding(session, spec.signature, self.output_names, shapes)
+        self._session = create_session(spec.onnx_path, spec.config.providers)
+        self._shapes = [(k.rows, k.length) for k in plan.all_keys()]
+        self._families[None] = [self._bind(plan.default_key)]  # bound once, at the max shape
 
     @property
     def sessions(self) -> list[ort.InferenceSession]:
-        return [self._binding.session]
+        return [self._session]
 
     def batch_shape(self, key: BucketKey, lengths: Sequence[int]) -> tuple[int, int]:
         return len(lengths), max(lengths)
 
     def _bind(self, key: BucketKey) -> BufferBinding:
-        return self._binding  # every key shares the max-shape buffers
+        return BufferBinding(self._session, self.spec.signature, self.output_names, self._shapes)
+
+    def _family(self, key: BucketKey) -> Hashable:
+        return None  # every key shares the max-shape buffers
 
 
 def make_executor(strategy: str, spec: ModelSpec, plan: BucketPlan) -> Executor:

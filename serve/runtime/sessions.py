@@ -36,6 +36,26 @@ def init_process(intra_op_threads: int | None = None) -> None:
             _process_ready = True
 
 
+def runs_on_cpu(providers: list[str]) -> bool:
+    """Whether a model asking for `providers` runs on the CPU here (as `create_session` picks)."""
+    available = set(ort.get_available_providers())
+    return next((p for p in providers if p in available), "CPUExecutionProvider") == (
+        "CPUExecutionProvider"
+    )
+
+
+def thread_layout(
+    instances: int | None, intra_op_threads: int | None, all_on_cpu: bool
+) -> tuple[int, int]:
+    """(instances, intra-op threads). On a CPU, one batch per core with one thread each: small
+    batches parallelise poorly inside ONNX Runtime, so two single-threaded batches at once beat
+    one batch on two threads (measured: +28% at batch sizes 1 and 4, equal at 16). On a GPU one
+    batch at a time (a CUDA graph must not be replayed twice at once)."""
+    cores = os.cpu_count() or 1
+    instances = instances or (cores if all_on_cpu else 1)
+    return instances, intra_op_threads or max(1, cores // instances)
+
+
 def create_session(
     onnx_path: Path,
     providers: list[str],
