@@ -6,12 +6,16 @@ model (`minilm` when built, else `tiny-encoder`), it measures:
 - the engine ceiling: ONNX Runtime in this process on ideal batches (sorted by length, full,
   padded to their own longest), no HTTP, no queueing: the physical limit here;
 - the server (a real `bucketserve serve` process) in bucketing mode with the model's own
-  config, with power-of-two edges, in mutable mode, with batching off, and with one bucket.
+  config, with power-of-two edges, in mutable mode, with batching off, with one bucket, and
+  in bucketing mode with one instance (one batch at a time, every core on it).
 
-For each: throughput at saturation (closed loop), p50/p95/p99 latency at fixed offered loads
-(open loop: 25/50/75% of bucketing's saturation, and 50% of batching-off's), padding waste
-from the server's own metrics, peak Pss of the server process, and the ratio to the ceiling.
-Writes bench.json, bench.md and bench.png to --out.
+Every server is started first and they take turns: in each of several rounds, the ceiling and
+then every server (in an order rotated per round) is measured at saturation (closed loop), so
+drift in the machine's speed lands on all of them alike; figures are medians over the rounds,
+with their spread. Then p50/p95/p99 latency at fixed offered loads (open loop: 25/50/75% of
+bucketing's saturation, and 50% of batching-off's), taking turns the same way. Also padding
+waste from the server's own metrics, peak Pss of each server process, and the ratio to the
+ceiling. Writes bench.json, bench.md and bench.png to --out.
 """
 
 from __future__ import annotations
@@ -26,7 +30,8 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -96,6 +101,8 @@ def pss_bytes(pid: int) -> int:
 
 @dataclass
 class Server:
+    name: str
+    flags: list[str]
     process: subprocess.Popen[bytes]
     port: int
     peak_pss: int = 0
@@ -115,31 +122,116 @@ class Server:
 
 
 @contextlib.contextmanager
-def server(models: Path, model: str, flags: list[str], log_path: Path) -> Iterator[Server]:
-    """A server process for one configuration, its Pss sampled every 100 ms while it runs."""
-    with running_server(
-        models, "--default-model", model, "--log-level", "warning", *flags, log_path=log_path
-    ) as (process, url):
-        srv = Server(process, int(url.rsplit(":", 1)[1]))
+def servers(
+    models: Path, model: str, configs: dict[str, list[str]], out: Path
+) -> Iterator[list[Server]]:
+    """One server process per configuration, all running; their Pss sampled every 250 ms."""
+    with contextlib.ExitStack() as stack:
+        started = []
+        for name, flags in configs.items():
+            log_path = out / f"server-{name.replace(' ', '-').replace(',', '')}.log"
+            process, url = stack.enter_context(
+                running_server(
+                    models,
+                    "--default-model",
+                    model,
+                    "--log-level",
+                    "warning",
+                    *flags,
+                    log_path=log_path,
+                )
+            )
+            started.append(Server(name, flags, process, int(url.rsplit(":", 1)[1])))
         stop = threading.Event()
 
         def sample_memory() -> None:
-            while not stop.wait(0.1):
-                with contextlib.suppress(OSError, StopIteration):
-                    srv.peak_pss = max(srv.peak_pss, pss_bytes(process.pid))
+            while not stop.wait(0.25):
+                for srv in started:
+                    with contextlib.suppress(OSError, StopIteration):
+                        srv.peak_pss = max(srv.peak_pss, pss_bytes(srv.process.pid))
 
         sampler = threading.Thread(target=sample_memory, daemon=True)
         sampler.start()
         try:
-            yield srv
+            yield started
         finally:
             stop.set()
             sampler.join()
 
 
-def latency_row(result: Result) -> dict[str, Any]:
+def rotated(items: list[Any], by: int) -> list[Any]:
+    """`items` starting at position `by`: each round, a different one goes first."""
+    by %= len(items)
+    return items[by:] + items[:by]
+
+
+def spread(values: list[float]) -> dict[str, Any]:
     return {
-        "offered_per_s": None,
+        "median": float(np.median(values)),
+        "min": min(values),
+        "max": max(values),
+        "rounds": values,
+    }
+
+
+def saturation_rounds(
+    servers: list[Server],
+    ceiling_run: Callable[[], dict[str, float]],
+    bodies: list[bytes],
+    rounds: int,
+    times: dict[str, float],
+) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """The ceiling and every server at saturation, taking turns for `rounds` rounds."""
+    for srv in servers:
+        asyncio.run(closed_loop("127.0.0.1", srv.port, bodies, CONCURRENCY, times["warm"]))
+    ceilings: list[dict[str, float]] = []
+    results: dict[str, list[Result]] = {srv.name: [] for srv in servers}
+    tokens = {srv.name: [0.0, 0.0] for srv in servers}
+    for r in range(rounds):
+        ceilings.append(ceiling_run())
+        for srv in rotated(servers, r):
+            before = srv.tokens()
+            result = asyncio.run(
+                closed_loop("127.0.0.1", srv.port, bodies, CONCURRENCY, times["saturation"])
+            )
+            after = srv.tokens()
+            results[srv.name].append(result)
+            tokens[srv.name][0] += after[0] - before[0]
+            tokens[srv.name][1] += after[1] - before[1]
+        print(
+            f"  round {r + 1}/{rounds}: ceiling {ceilings[-1]['seq_per_s']:.1f}, "
+            + ", ".join(f"{n} {v[-1].throughput:.1f}" for n, v in results.items())
+            + " seq/s",
+            file=sys.stderr,
+        )
+    ceiling_row = {
+        "seq_per_s": float(np.median([c["seq_per_s"] for c in ceilings])),
+        "tok_per_s": float(np.median([c["tok_per_s"] for c in ceilings])),
+        "seq_per_s_spread": spread([c["seq_per_s"] for c in ceilings]),
+    }
+    rows = {}
+    for srv in servers:
+        runs = results[srv.name]
+        computed, padded = tokens[srv.name]
+        middle = sorted(runs, key=lambda x: x.throughput)[len(runs) // 2]
+        rows[srv.name] = {
+            "name": srv.name,
+            "flags": srv.flags,
+            "seq_per_s": float(np.median([x.throughput for x in runs])),
+            "seq_per_s_spread": spread([x.throughput for x in runs]),
+            "saturation_p50_ms": middle.percentile_ms(50),
+            "saturation_p99_ms": middle.percentile_ms(99),
+            "saturation_errors": dict(sum((x.errors for x in runs), Counter())),
+            "client_cores_at_saturation": max(x.client_cores for x in runs),
+            "padding_waste": padded / computed if computed else None,
+        }
+    return ceiling_row, rows
+
+
+def latency_row(result: Result, rate: float, label: str) -> dict[str, Any]:
+    return {
+        "label": label,
+        "offered_per_s": rate,
         "throughput": result.throughput,
         "p50_ms": result.percentile_ms(50),
         "p95_ms": result.percentile_ms(95),
@@ -149,47 +241,19 @@ def latency_row(result: Result) -> dict[str, Any]:
     }
 
 
-def run_config(
-    name: str,
-    flags: list[str],
-    models: Path,
-    model: str,
+def load_turns(
+    servers: list[Server],
     bodies: list[bytes],
-    real_tokens: float,
-    rates: list[float],
+    labelled: list[tuple[float, str]],
     times: dict[str, float],
-    out: Path,
-) -> dict[str, Any]:
-    log_path = out / f"server-{name.replace(' ', '-').replace(',', '')}.log"
-    with server(models, model, flags, log_path) as srv:
-        asyncio.run(closed_loop("127.0.0.1", srv.port, bodies, CONCURRENCY, times["warm"]))
-        before = srv.tokens()
-        saturation = asyncio.run(
-            closed_loop("127.0.0.1", srv.port, bodies, CONCURRENCY, times["saturation"])
-        )
-        after = srv.tokens()
-        loads = []
-        for rate in rates:
-            row = latency_row(
-                asyncio.run(open_loop("127.0.0.1", srv.port, bodies, rate, times["load"]))
-            )
-            row["offered_per_s"] = rate
-            loads.append(row)
-        computed, padded = after[0] - before[0], after[1] - before[1]
-        print(f"  {name}: {saturation.throughput:.1f} seq/s", file=sys.stderr)
-        return {
-            "name": name,
-            "flags": flags,
-            "seq_per_s": saturation.throughput,
-            "tok_per_s": saturation.throughput * real_tokens,
-            "saturation_p50_ms": saturation.percentile_ms(50),
-            "saturation_p99_ms": saturation.percentile_ms(99),
-            "saturation_errors": dict(saturation.errors),
-            "client_cores_at_saturation": saturation.client_cores,
-            "padding_waste": padded / computed if computed else None,
-            "peak_pss_mib": srv.peak_pss / 2**20,
-            "loads": loads,
-        }
+) -> dict[str, list[dict[str, Any]]]:
+    """Latency at each offered load, every server taking its turn at each load."""
+    loads: dict[str, list[dict[str, Any]]] = {srv.name: [] for srv in servers}
+    for i, (rate, label) in enumerate(labelled):
+        for srv in rotated(servers, i):
+            result = asyncio.run(open_loop("127.0.0.1", srv.port, bodies, rate, times["load"]))
+            loads[srv.name].append(latency_row(result, rate, label))
+    return loads
 
 
 def configs(spec: ModelSpec) -> dict[str, list[str]]:
@@ -201,6 +265,7 @@ def configs(spec: ModelSpec) -> dict[str, list[str]]:
         "mutable": ["--strategy", "mutable"],
         "batching off": ["--max-batch-size", "1"],
         "one bucket": ["--buckets", str(longest)],
+        "bucketing, one instance": ["--instances", "1"],
     }
 
 
@@ -240,19 +305,27 @@ def targets(report: dict[str, Any]) -> list[str]:
     ]
 
 
+def per_s(row: dict[str, Any]) -> str:
+    """The median over the rounds and its spread."""
+    spread = row["seq_per_s_spread"]
+    return f"{spread['median']:.1f} ({spread['min']:.0f}-{spread['max']:.0f})"
+
+
 def markdown(report: dict[str, Any]) -> str:
     ceiling = report["ceiling"]
     out = [
         f"Model `{report['model']}`, {report['requests']} distinct requests of one sequence "
         f"(outputs {', '.join(report['outputs'])}), "
         f"lengths median {report['length_median']}, p99 {report['length_p99']}; "
-        f"{CONCURRENCY} closed-loop clients at saturation.",
+        f"{CONCURRENCY} closed-loop clients at saturation, {report['rounds']} rounds of "
+        f"{report['seconds_per_turn']:.0f} s each with every server taking its turn: seq/s is "
+        "the median over the rounds (lowest-highest).",
         "",
         "| configuration | seq/s | tokens/s | / ceiling | padding waste | peak Pss MiB | "
         + " | ".join(f"p50/p95/p99 ms @ {load['label']}" for load in report["servers"][0]["loads"])
         + " |",
         "|---" * (6 + len(report["servers"][0]["loads"])) + "|",
-        f"| engine ceiling (in-process, ideal batches) | {ceiling['seq_per_s']:.1f} | "
+        f"| engine ceiling (in-process, ideal batches) | {per_s(ceiling)} | "
         f"{ceiling['tok_per_s']:.0f} | 1.00 | {100 * report['ceiling_waste']:.1f}% | | "
         + " | ".join("" for _ in report["servers"][0]["loads"])
         + " |",
@@ -269,7 +342,7 @@ def markdown(report: dict[str, Any]) -> str:
             cells.append(cell + (f" ({errors} failed)" if errors else ""))
         waste = "-" if row["padding_waste"] is None else f"{100 * row['padding_waste']:.1f}%"
         out.append(
-            f"| {row['name']} | {row['seq_per_s']:.1f} | {row['tok_per_s']:.0f} | "
+            f"| {row['name']} | {per_s(row)} | {row['tok_per_s']:.0f} | "
             f"{row['seq_per_s'] / ceiling['seq_per_s']:.2f} | {waste} | "
             f"{row['peak_pss_mib']:.0f} | " + " | ".join(cells) + " |"
         )
@@ -316,6 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", help="default: minilm when built, else tiny-encoder")
     parser.add_argument("--out", type=Path, default=Path("bench-results"))
     parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=3, help="turns at saturation per server")
     parser.add_argument("--smoke", action="store_true", help="seconds, not minutes: for tests")
     args = parser.parse_args(argv)
 
@@ -325,10 +399,11 @@ def main(argv: list[str] | None = None) -> int:
     spec = load_model_spec(args.models / model)
     assert spec is not None
     times = (
-        {"warm": 0.3, "saturation": 1.0, "load": 0.8, "ceiling": 0.5}
+        {"warm": 0.3, "saturation": 0.6, "load": 0.6, "ceiling": 0.3}
         if args.smoke
-        else {"warm": 2.0, "saturation": 15.0, "load": 10.0, "ceiling": 10.0}
+        else {"warm": 3.0, "saturation": 10.0, "load": 8.0, "ceiling": 5.0}
     )
+    rounds = 2 if args.smoke else args.rounds
     sequences = workload(spec, 200 if args.smoke else args.requests, seed=1)
     lengths = [len(s) for s in sequences]
     real_tokens = float(np.mean(lengths))
@@ -343,40 +418,32 @@ def main(argv: list[str] | None = None) -> int:
         spec.config.batching.max_batch_tokens,
     )
     args.out.mkdir(parents=True, exist_ok=True)
-    print(f"model {model}: measuring the engine ceiling", file=sys.stderr)
-    ceiling_row = ceiling(spec, sequences, times["ceiling"])
-    batches_waste = padding_waste(lengths, spec.config.batching.edges)
-
-    print("saturation of bucketing and batching off, to set the offered loads", file=sys.stderr)
-    setup = {
-        name: run_config(name, flags, args.models, model, bodies, real_tokens, [], times, args.out)
-        for name, flags in configs(spec).items()
-        if name in ("bucketing", "batching off")
-    }
-    saturated, off = setup["bucketing"]["seq_per_s"], setup["batching off"]["seq_per_s"]
-    labelled = [
-        (0.25 * saturated, "25% of bucketing"),
-        (0.5 * saturated, "50% of bucketing"),
-        (0.75 * saturated, "75% of bucketing"),
-        (0.5 * off, "50% of batching off"),
-    ]
-    print("every configuration at saturation and at the offered loads", file=sys.stderr)
-    rows = []
-    for name, flags in configs(spec).items():
-        row = run_config(
-            name,
-            flags,
-            args.models,
-            model,
+    print(f"model {model}: starting one server per configuration", file=sys.stderr)
+    with servers(args.models, model, configs(spec), args.out) as running:
+        print(f"{rounds} rounds at saturation, taking turns", file=sys.stderr)
+        ceiling_row, saturated = saturation_rounds(
+            running,
+            lambda: ceiling(spec, sequences, times["ceiling"]),
             bodies,
-            real_tokens,
-            [rate for rate, _ in labelled],
+            rounds,
             times,
-            args.out,
         )
-        for load, (_, label) in zip(row["loads"], labelled, strict=True):
-            load["label"] = label
-        rows.append(row)
+        top, off = saturated["bucketing"]["seq_per_s"], saturated["batching off"]["seq_per_s"]
+        labelled = [
+            (0.25 * top, "25% of bucketing"),
+            (0.5 * top, "50% of bucketing"),
+            (0.75 * top, "75% of bucketing"),
+            (0.5 * off, "50% of batching off"),
+        ]
+        print("latency at the offered loads, taking turns", file=sys.stderr)
+        loads = load_turns(running, bodies, labelled, times)
+        rows = []
+        for srv in running:
+            row = saturated[srv.name]
+            row["tok_per_s"] = row["seq_per_s"] * real_tokens
+            row["peak_pss_mib"] = srv.peak_pss / 2**20
+            row["loads"] = loads[srv.name]
+            rows.append(row)
     report: dict[str, Any] = {
         "model": model,
         "requests": len(sequences),
@@ -386,9 +453,11 @@ def main(argv: list[str] | None = None) -> int:
         "length_p99": int(np.percentile(lengths, 99)),
         "machine": {"cores": os.cpu_count(), "onnxruntime": ort.__version__},
         "bucket_edges": spec.config.batching.edges,
+        "rounds": rounds,
+        "seconds_per_turn": times["saturation"],
         "ceiling": ceiling_row,
         "ceiling_waste": _sorted_waste(lengths, ceiling_plan),
-        "expected_waste_model_edges": batches_waste,
+        "expected_waste_model_edges": padding_waste(lengths, spec.config.batching.edges),
         "servers": rows,
         "client_cores": max(r["client_cores_at_saturation"] for r in rows),
     }

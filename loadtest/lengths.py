@@ -55,6 +55,7 @@ class LengthDistribution:
     def sample(self, rng: np.random.Generator, count: int) -> np.ndarray:
         """`count` lengths, each in 1..longest."""
         kind, _, rest = self.spec.partition(":")
+        drawn: np.ndarray
         if kind == "natural":
             drawn = np.clip(np.round(rng.lognormal(3.1, 0.75, count)), 4, self.longest)
         elif kind == "fixed":

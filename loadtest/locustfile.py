@@ -58,7 +58,7 @@ WORDS = (
 )
 
 
-@events.init_command_line_parser.add_listener
+@events.init_command_line_parser.add_listener  # type: ignore[untyped-decorator]
 def _options(parser: LocustArgumentParser) -> None:
     group = parser.add_argument_group("bucketserve")
     group.add_argument(

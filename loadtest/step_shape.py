@@ -13,7 +13,7 @@ from locust import LoadTestShape, events
 from locust.argument_parser import LocustArgumentParser
 
 
-@events.init_command_line_parser.add_listener
+@events.init_command_line_parser.add_listener  # type: ignore[untyped-decorator]
 def _options(parser: LocustArgumentParser) -> None:
     group = parser.add_argument_group("step load")
     group.add_argument("--step-users", type=int, default=4, help="users added at each step")
@@ -26,7 +26,7 @@ class StepLoad(LoadTestShape):
         options = self.runner.environment.parsed_options if self.runner else None
         if options is None:
             return None
-        step = int(self.get_run_time() // options.step_seconds)
+        step = int(self.get_run_time() // options.step_seconds)  # type: ignore[no-untyped-call]
         if step >= options.steps:
             return None
         # Each step's users arrive within about a second.

@@ -41,10 +41,14 @@ def test_bench_smoke(tmp_path: Path) -> None:
         "mutable",
         "batching off",
         "one bucket",
+        "bucketing, one instance",
     ]
     assert report["ceiling"]["seq_per_s"] > 0
     for row in report["servers"]:
         assert row["seq_per_s"] > 0
+        turns = row["seq_per_s_spread"]["rounds"]
+        assert len(turns) == report["rounds"] == 2  # every server took a turn in every round
+        assert min(turns) <= row["seq_per_s"] <= max(turns)
         assert row["peak_pss_mib"] > 0
         assert len(row["loads"]) == 4
         assert 0 <= row["padding_waste"] < 1

@@ -1,4 +1,5 @@
-"""The checks developers and CI share: ruff (lint + format) and mypy strict on the package."""
+"""The checks developers and CI share: ruff (lint + format), and mypy strict on the package,
+the load tests and the deploy scripts."""
 
 from __future__ import annotations
 
