@@ -186,6 +186,11 @@ def test_kubernetes_manifests_agree_with_the_server() -> None:
     # The ConfigMap holds real settings; the grace period covers preStop plus the drain.
     assert set(config) <= SETTINGS_ENV
     settings = Settings.from_env(config)
+    # Every thread the server runs ONNX Runtime on has a core of the pod's CPU limit.
+    assert settings.instances
+    assert settings.intra_op_threads
+    cpus = float(container["resources"]["limits"]["cpu"])
+    assert settings.instances * settings.intra_op_threads == cpus
     pre_stop = container["lifecycle"]["preStop"]["sleep"]["seconds"]
     assert pod["terminationGracePeriodSeconds"] > pre_stop + settings.drain_timeout_s
     assert pod["securityContext"]["runAsUser"] == int(read_dockerfile()["server"].last("USER") or 0)

@@ -18,7 +18,7 @@ from serve.model import Model
 from serve.modelgen import graphs
 from serve.padcheck import random_sequences
 from serve.repository import load_model_spec
-from serve.runtime.sessions import runs_on_cpu, thread_layout
+from serve.runtime.sessions import runs_on_cpu, thread_layout, usable_cores
 from serve.settings import Settings
 from tests.helpers import ENCODER_CONFIG, MODELS, ROOT, Reference, copy_bundled, write_model
 
@@ -210,7 +210,8 @@ def test_concurrent_batches_of_one_key_stay_exact(
 
 
 def test_thread_layout_gives_a_cpu_one_instance_per_core() -> None:
-    cores = os.cpu_count() or 1
+    cores = usable_cores()
+    assert 1 <= cores <= (os.cpu_count() or 1)
     assert thread_layout(None, None, all_on_cpu=True) == (cores, 1)
     assert thread_layout(None, None, all_on_cpu=False) == (1, cores)  # a GPU: one batch at once
     assert thread_layout(1, None, all_on_cpu=True) == (1, cores)

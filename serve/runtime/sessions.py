@@ -8,7 +8,9 @@ time, so the activation memory of one serves them all.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import math
 import os
 import threading
 from pathlib import Path
@@ -28,12 +30,23 @@ def init_process(intra_op_threads: int | None = None) -> None:
     global _process_ready
     with _process_lock:
         if not _process_ready:
-            ort.set_global_thread_pool_sizes(intra_op_threads or os.cpu_count() or 1, 1)
+            ort.set_global_thread_pool_sizes(intra_op_threads or usable_cores(), 1)
             cpu = ort.OrtMemoryInfo(
                 "Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT
             )
             ort.create_and_register_allocator(cpu, ort.OrtArenaCfg(0, -1, -1, -1))
             _process_ready = True
+
+
+def usable_cores() -> int:
+    """Cores this process may use: its CPU affinity, capped by a cgroup v2 CPU quota (a
+    container's CPU limit). `os.cpu_count()` is the node's, which a pod may not have."""
+    cores = len(os.sched_getaffinity(0))
+    with contextlib.suppress(OSError, ValueError):
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
+        if quota != "max":
+            cores = min(cores, math.ceil(int(quota) / int(period)))
+    return max(1, cores)
 
 
 def runs_on_cpu(providers: list[str]) -> bool:
@@ -51,7 +64,7 @@ def thread_layout(
     batches parallelise poorly inside ONNX Runtime, so two single-threaded batches at once beat
     one batch on two threads (measured: +28% at batch sizes 1 and 4, equal at 16). On a GPU one
     batch at a time (a CUDA graph must not be replayed twice at once)."""
-    cores = os.cpu_count() or 1
+    cores = usable_cores()
     instances = instances or (cores if all_on_cpu else 1)
     return instances, intra_op_threads or max(1, cores // instances)
 
