@@ -8,8 +8,9 @@ Three strategies, chosen by a model's config:
 - `session-per-key` (bucketing): one static-shape session per key (free dims fixed), weights
   shared through the memmap; partial batches are filled with pad rows. This is the shape that
   CUDA graphs and TensorRT engines need on a GPU.
-- `mutable`: MXNet's MutableModule: one session, one set of buffers at the maximum shape,
-  exact-shape views rebound when the shape changes; batches pad to their own longest sequence.
+- `mutable`: MXNet's MutableModule: one session, one set of buffers at the maximum shape (per
+  instance running at once), exact-shape views rebound when the shape changes; batches pad to
+  their own longest sequence.
 
 A key is bound on its first batch or by `prepare`, once, even under concurrent first use.
 When the server runs several batches at once (`instances`), a batch that finds every binding
