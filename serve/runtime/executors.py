@@ -43,18 +43,18 @@ class Executor(ABC):
         self.plan = plan
         self.output_names = list(spec.config.outputs)
         self.bind_counts: Counter[BucketKey] = Counter()
-        # A key's bindings, shared by the keys of one family (all of them in mutable mode).
-        self._bindings: dict[BucketKey, list[BufferBinding]] = {}
+        self._bound: set[BucketKey] = set()
+        # Bindings by family: one per key, except in mutable mode, where every key shares them.
         self._families: dict[Hashable, list[BufferBinding]] = {}
         self._key_locks: dict[BucketKey, threading.Lock] = {}
         self._locks_lock = threading.Lock()
 
     @property
     def bound_keys(self) -> frozenset[BucketKey]:
-        return frozenset(self._bindings)
+        return frozenset(self._bound)
 
     def bound_key_count(self) -> int:
-        return len(self._bindings)
+        return len(self._bound)
 
     @property
     @abstractmethod
@@ -80,24 +80,23 @@ class Executor(ABC):
 
     def prepare(self, key: BucketKey) -> bool:
         """Bind `key` unless bound already; True when this call bound it."""
-        if key in self._bindings:
+        if key in self._bound:
             return False
         with self._locks_lock:
             lock = self._key_locks.setdefault(key, threading.Lock())
         with lock:
-            if key in self._bindings:
+            if key in self._bound:
                 return False
-            family = self._families.get(self._family(key))
-            if family is None:
-                family = self._families[self._family(key)] = [self._bind(key)]
+            if self._family(key) not in self._families:
+                self._families[self._family(key)] = [self._bind(key)]
             self.bind_counts[key] += 1
-            self._bindings[key] = family
+            self._bound.add(key)
             return True
 
     def run(self, key: BucketKey, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run collated `feeds` (already at `batch_shape`) under `key`, binding it if new."""
         self.prepare(key)
-        family = self._bindings[key]
+        family = self._families[self._family(key)]
         rows, length = feeds[self.spec.config.sequence_input].shape[:2]
         binding = next((b for b in list(family) if b.lock.acquire(blocking=False)), None)
         if binding is None:  # every binding of this key is running a batch
