@@ -15,6 +15,7 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY serve/ serve/
+COPY modelgen/ modelgen/
 COPY models/ models/
 COPY deploy/image/ deploy/image/
 RUN sh deploy/image/build.sh /opt/build-venv

@@ -7,7 +7,7 @@ models, whose weights come from fixed seeds, so the files come out byte for byte
 import sys
 from pathlib import Path
 
-from serve.modelgen.build import build
+from modelgen.build import build
 
 if __name__ == "__main__":
     for name in sys.argv[1:] or ["tiny-encoder", "tiny-lstm"]:

@@ -95,7 +95,7 @@ def lengths_from_metrics(url: str, model: str | None) -> list[int]:
 
 
 def _models_build(args: argparse.Namespace) -> int:
-    from serve.modelgen.build import build
+    from modelgen.build import build
 
     for name in args.names:
         path = build(name, args.models)
@@ -132,7 +132,7 @@ def _add_settings(command: argparse.ArgumentParser) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    from serve.modelgen.build import RECIPES
+    from modelgen.build import RECIPES
 
     top = argparse.ArgumentParser(prog="bucketserve", description=__doc__)
     commands = top.add_subparsers(dest="command", required=True)

@@ -16,10 +16,10 @@ import onnx
 import onnxruntime as ort
 
 from loadtest.process import running_server
+from modelgen.save import save_model
 from serve.app import create_app
 from serve.bucketing import Layout
 from serve.engine import Engine
-from serve.modelgen.save import save_model
 from serve.repository import ModelSpec, load_repository
 from serve.settings import Settings
 

@@ -26,9 +26,9 @@ from deploy.image.smoke import (
     read_dockerfile,
 )
 from loadtest.process import running_server
+from modelgen.build import RECIPES
 from serve.app import create_app
 from serve.cli import PROBE_PATHS, parser
-from serve.modelgen.build import RECIPES
 from serve.settings import Settings, env_name
 from tests.helpers import ROOT, copy_bundled
 

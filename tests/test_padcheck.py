@@ -6,9 +6,9 @@ from pathlib import Path
 
 import numpy as np
 
+from modelgen import graphs
 from serve.bucketing import BucketKey
 from serve.model import Model
-from serve.modelgen import graphs
 from serve.padcheck import random_sequences
 from serve.repository import load_model_spec
 from tests.helpers import MODELS, Reference, write_model

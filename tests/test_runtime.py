@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from modelgen import graphs
 from serve.bucketing import BucketKey
 from serve.errors import ConfigError
 from serve.model import Model
-from serve.modelgen import graphs
 from serve.padcheck import random_sequences
 from serve.repository import load_model_spec
 from serve.runtime.sessions import runs_on_cpu, thread_layout, usable_cores

@@ -14,8 +14,8 @@ from tests.helpers import ROOT
 @pytest.mark.parametrize(
     "command",
     [
-        ["ruff", "check", "serve", "tests", "loadtest", "models", "deploy"],
-        ["ruff", "format", "--check", "serve", "tests", "loadtest", "models", "deploy"],
+        ["ruff", "check", "serve", "modelgen", "tests", "loadtest", "models", "deploy"],
+        ["ruff", "format", "--check", "serve", "modelgen", "tests", "loadtest", "models", "deploy"],
         ["mypy"],
     ],
     ids=["ruff-check", "ruff-format", "mypy"],

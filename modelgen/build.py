@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from serve.modelgen import graphs
-from serve.modelgen.save import save_model
+from modelgen import graphs
+from modelgen.save import save_model
 
 
 def _tiny_encoder(version_dir: Path) -> None:
@@ -18,7 +18,7 @@ def _tiny_lstm(version_dir: Path) -> None:
 
 
 def _minilm(version_dir: Path) -> None:
-    from serve.modelgen.minilm import build_minilm  # needs the `export` extra
+    from modelgen.minilm import build_minilm  # needs the `export` extra
 
     build_minilm(version_dir)
 

@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 import onnx
 
-from serve.modelgen.graphs import IR_VERSION
-from serve.modelgen.save import save_model
+from modelgen.graphs import IR_VERSION
+from modelgen.save import save_model
 
 log = logging.getLogger(__name__)
 
