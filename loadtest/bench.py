@@ -44,9 +44,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from loadtest.lengths import LengthDistribution
 from loadtest.loadgen import Result, closed_loop, encode_post, open_loop
 from loadtest.process import ROOT, running_server
-from serve.bucketing import BucketPlan, Layout
-from serve.planner import padding_waste, power_of_two_edges
-from serve.repository import ModelSpec, load_model_spec
+from serve.bucketing import BucketPlan
+from serve.loading import ModelSpec, load_model_spec
+from serve.loading.builder import layout_of
+from serve.loading.planner import padding_waste, power_of_two_edges
 
 CONCURRENCY = 16
 TARGETS = {"ceiling_ratio": 0.85, "speedup_vs_off": 1.3, "padding_waste": 0.10}
@@ -73,7 +74,7 @@ def ceiling(spec: ModelSpec, sequences: list[np.ndarray], duration_s: float) -> 
     batching = spec.config.batching
     plan = BucketPlan((batching.longest,), batching.max_batch_size, batching.max_batch_tokens)
     session = ort.InferenceSession(str(spec.onnx_path), providers=["CPUExecutionProvider"])
-    layout = Layout.from_spec(spec)
+    layout = layout_of(spec)
     ordered = sorted(sequences, key=len)
     batches, start = [], 0
     while start < len(ordered):

@@ -1,12 +1,20 @@
 """bucketserve: length-bucketed inference for variable-length sequence models on ONNX Runtime.
 
-The flow, top to bottom: HTTP -> admission -> batcher -> collate -> executor -> split -> response.
-`Engine` is the Python entry point: it loads a model repository and answers `predict` calls.
+Three rooms. Load time, `serve.loading`: a model repository becomes ready models (checked,
+bound, warm). The request path, top to bottom: `http` (decode and validate at the edge) ->
+`engine` (admission) -> `batcher` (length buckets) -> `model` (collate -> run -> split, with
+`layout` and `bucketing`) -> `runtime` (ONNX Runtime executors). The process around them:
+`app`, `server`, `cli`, with `settings`, `metrics`, `logs` and `errors` shared by all.
+
+`load_engine("models")` is the Python entry point: its `model(name).predict(...)` answers.
 """
+
+from importlib.metadata import version
 
 from serve.engine import Engine
 from serve.errors import BucketserveError
+from serve.loading import load_engine
 from serve.model import Model
 
-__all__ = ["BucketserveError", "Engine", "Model"]
-__version__ = "0.1.0"
+__all__ = ["BucketserveError", "Engine", "Model", "load_engine"]
+__version__ = version("bucketserve")  # pyproject.toml's

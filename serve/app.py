@@ -15,12 +15,12 @@ from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 
-from serve import __version__
 from serve.engine import Engine
 from serve.errors import BucketserveError, InvalidInput
 from serve.http import kserve, predict
-from serve.http.common import ClientGone, error_response, json_response
+from serve.http.common import SERVER_VERSION, ClientGone, error_response, json_response
 from serve.http.context import RequestContext
+from serve.loading import load_engine
 from serve.metrics import Metrics
 from serve.settings import Settings
 
@@ -34,11 +34,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        served = (
-            engine
-            if engine is not None
-            else await asyncio.to_thread(Engine.from_settings, settings)
-        )
+        served = engine if engine is not None else await asyncio.to_thread(load_engine, settings)
         served.start(metrics)
         app.state.engine = served
         try:
@@ -49,7 +45,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
 
     app = FastAPI(
         title="bucketserve",
-        version=__version__,
+        version=SERVER_VERSION,
         lifespan=lifespan,
         description="Length-bucketed inference for variable-length sequence models.",
     )

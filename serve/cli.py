@@ -45,7 +45,7 @@ def _probe(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from serve.planner import padding_waste, plan_edges, power_of_two_edges, read_lengths
+    from serve.loading.planner import padding_waste, plan_edges, power_of_two_edges, read_lengths
 
     if args.lengths is not None:
         lengths = read_lengths(args.lengths)

@@ -1,8 +1,9 @@
-"""The engine: every model of a repository, and the batchers that feed them.
+"""The engine: the ready models of a repository, and the batchers that feed them.
 
-The only module that knows both the batcher and the runtime. The HTTP layer talks to this
-object alone: `model(name)` to validate at the edge, `infer(...)` to queue and await, `drain()`
-on SIGTERM. Without a running event loop it is also the Python API (`model(name).predict`).
+Built from models that `serve.loading` made ready (or fakes, in tests); it never loads anything.
+The HTTP layer talks to this object alone: `model(name)` to validate at the edge, `infer(...)`
+to queue and await, `drain()` on SIGTERM. Without a running event loop it is also the Python
+API (`model(name).predict`).
 
 Admission happens here: a bounded queue per model (503 + Retry-After when full), a deadline
 per request (504 when it passes; a sequence still queued then is never computed), and no new
@@ -12,61 +13,35 @@ work once draining.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
-from collections.abc import Sequence
-from pathlib import Path
+from collections.abc import Mapping, Sequence
 
 import numpy as np
-from pydantic import ValidationError
 
 from serve.batcher import Batcher, Outputs
-from serve.config import BatchingConfig
-from serve.errors import ConfigError, DeadlineExceeded, ModelNotFound, Unavailable
+from serve.errors import DeadlineExceeded, ModelNotFound, Unavailable
 from serve.metrics import Metrics
 from serve.model import Model
-from serve.repository import ModelSpec, Repository, load_repository
-from serve.runtime.sessions import init_process, runs_on_cpu, thread_layout
 from serve.settings import Settings
 
 log = logging.getLogger(__name__)
 
 
-def _apply_overrides(spec: ModelSpec, settings: Settings) -> ModelSpec:
-    """Settings that override every model's batching (benchmarks: no batching, other delays)."""
-    update: dict[str, object] = {}
-    if settings.max_batch_size is not None:
-        update["max_batch_size"] = settings.max_batch_size
-    if settings.max_queue_delay_ms is not None:
-        update["max_queue_delay_ms"] = settings.max_queue_delay_ms
-    if settings.buckets is not None:
-        update["buckets"] = sorted(int(e) for e in settings.buckets.split(","))
-    if not update:
-        return spec
-    try:
-        batching = BatchingConfig.model_validate({**spec.config.batching.model_dump(), **update})
-    except ValidationError as exc:
-        raise ConfigError(f"settings override for model {spec.name}: {exc}") from None
-    return dataclasses.replace(spec, config=spec.config.model_copy(update={"batching": batching}))
-
-
 class Engine:
     def __init__(
-        self, repository: Repository, strategy: str | None = None, settings: Settings | None = None
+        self,
+        models: Mapping[str, Model],
+        default_model: str | None = None,
+        settings: Settings | None = None,
+        instances: int = 1,
     ) -> None:
-        self.repository = repository
+        """Serve ready models (`serve.loading.load_engine` builds them from a repository).
+        `instances`: batches of one model that may run at once."""
+        self.models = dict(models)
+        self.default_model = default_model
         self.settings = settings or Settings()
-        self.instances, threads = thread_layout(
-            self.settings.instances,
-            self.settings.intra_op_threads,
-            all(runs_on_cpu(spec.config.providers) for spec in repository.models.values()),
-        )
-        init_process(threads)  # before the first session: the pool is the process's
-        self.models = {
-            name: Model(_apply_overrides(spec, self.settings), strategy)
-            for name, spec in repository.models.items()
-        }
+        self.instances = instances
         self.batchers: dict[str, Batcher] = {}
         self.draining = False
         self._tasks: list[asyncio.Task[None]] = []
@@ -75,20 +50,8 @@ class Engine:
         self.answered = 0  # of those, requests whose outputs were handed back
         self._settled: asyncio.Event | None = None
 
-    @classmethod
-    def from_path(
-        cls, root: Path | str, default_model: str | None = None, strategy: str | None = None
-    ) -> Engine:
-        return cls(load_repository(Path(root), default_model), strategy)
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> Engine:
-        return cls(
-            load_repository(settings.models, settings.default_model), settings.strategy, settings
-        )
-
     def model(self, name: str | None = None) -> Model:
-        name = name or self.repository.default_model
+        name = name or self.default_model
         if name is None:
             raise ModelNotFound("no model named, and the repository has no default model")
         try:
@@ -104,7 +67,7 @@ class Engine:
         self._settled = asyncio.Event()
         self._settled.set()
         for name, model in self.models.items():
-            delay = model.spec.config.batching.max_queue_delay_ms / 1000
+            delay = model.info.max_queue_delay_s
             batcher = Batcher(model, delay, metrics, instances=self.instances)
             self.batchers[name] = batcher
             metrics.watch_bound_keys(name, model.executor.bound_key_count)
@@ -130,7 +93,7 @@ class Engine:
             self._metrics.reject("draining")
             raise Unavailable("the server is draining; retry on another replica")
         batcher = self.batchers[model.name]
-        capacity = model.spec.config.batching.queue_capacity
+        capacity = model.info.queue_capacity
         if batcher.depth + len(sequences) > capacity:
             self._metrics.reject("queue_full")
             raise Unavailable(f"model {model.name}: queue full ({capacity} sequences); retry later")

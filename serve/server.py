@@ -16,6 +16,7 @@ import uvicorn
 from serve import logs
 from serve.app import create_app
 from serve.engine import Engine
+from serve.loading import load_engine
 from serve.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -47,7 +48,7 @@ class DrainingServer(uvicorn.Server):
 
 def run(settings: Settings) -> int:
     logs.configure(settings.log_level, settings.log_json)
-    engine = Engine.from_settings(settings)
+    engine = load_engine(settings)
     config = uvicorn.Config(
         create_app(settings, engine),
         host=settings.host,

@@ -10,7 +10,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from serve.repository import ModelSpec, load_model_spec
+from serve.loading import ModelSpec, load_model_spec
 from tests.helpers import MODELS
 
 

@@ -18,9 +18,9 @@ import onnxruntime as ort
 from loadtest.process import running_server
 from modelgen.save import save_model
 from serve.app import create_app
-from serve.bucketing import Layout
 from serve.engine import Engine
-from serve.repository import ModelSpec, load_repository
+from serve.loading import ModelSpec, load_engine, load_model_spec
+from serve.loading.builder import layout_of
 from serve.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -61,13 +61,14 @@ class Reference:
         self.session = ort.InferenceSession(
             str(spec.onnx_path), options, providers=["CPUExecutionProvider"]
         )
-        self.layout = Layout.from_spec(spec)
-        self.names = list(spec.config.outputs)
+        self.layout = layout_of(spec)
+        self.names = self.layout.output_names
 
     def __call__(self, sequence: np.ndarray) -> dict[str, np.ndarray]:
         feeds = self.layout.collate([sequence], 1, len(sequence))
-        outs = self.session.run(self.names, feeds)
-        return {n: o[0] for n, o in zip(self.names, outs, strict=True)}
+        outs = dict(zip(self.names, self.session.run(self.names, feeds), strict=True))
+        (alone,) = self.layout.split(outs, [len(sequence)])
+        return alone
 
 
 ENCODER_CONFIG = """
@@ -128,8 +129,14 @@ def make_engine(root: Path, *names: str, **settings: Any) -> Engine:
     """An engine over copies of bundled models, with settings overridden as given."""
     for name in names:
         copy_bundled(root, name)
-    full = Settings(models=root, **settings)
-    return Engine(load_repository(root, full.default_model), full.strategy, full)
+    return load_engine(Settings(models=root, **settings))
+
+
+def spec_of(root: Path, name: str) -> ModelSpec:
+    """The spec of a model in a test repository (what `Reference` runs)."""
+    spec = load_model_spec(root / name)
+    assert spec is not None
+    return spec
 
 
 @contextlib.contextmanager

@@ -9,9 +9,8 @@ import json
 import sys
 from pathlib import Path
 
-from serve.model import Model
-from serve.padcheck import random_sequences
-from serve.repository import load_model_spec
+from serve.loading import build_model, load_model_spec
+from serve.loading.check import random_sequences
 
 
 def pss_bytes() -> int:
@@ -22,11 +21,11 @@ def pss_bytes() -> int:
 def main(model_dir: str, strategy: str) -> None:
     spec = load_model_spec(Path(model_dir))
     assert spec is not None
-    model = Model(spec, strategy)  # binds and warms the default key
+    model = build_model(spec, strategy)  # binds and warms the default key
     one_key = pss_bytes()
     for key in model.plan.all_keys():
         model.prepare(key)
-        model.run_batch(key, random_sequences(spec, [key.length]))
+        model.run_batch(key, random_sequences(model.info.rules, [key.length]))
     print(
         json.dumps(
             {

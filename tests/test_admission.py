@@ -6,34 +6,22 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 
 from serve.engine import Engine
-from serve.repository import load_repository
 from serve.settings import Settings
-from tests.helpers import MODELS, BatchLog, copy_bundled, serving
+from tests.fakes import FakeExecutor, fake_model
+from tests.helpers import serving
 
 
-def gated_engine(
-    root: Path, queue_capacity: int = 2048, **settings: object
-) -> tuple[Engine, BatchLog]:
-    """tiny-encoder with its batches held at a gate the test opens; one instance, so that the
-    batch at the gate holds back every later one."""
-    settings.setdefault("instances", 1)
-    config = (MODELS / "tiny-encoder" / "config.toml").read_text()
-    copy_bundled(
-        root,
-        "tiny-encoder",
-        config.replace("queue_capacity = 2048", f"queue_capacity = {queue_capacity}"),
-    )
-    engine = Engine(load_repository(root), None, Settings(models=root, **settings))  # type: ignore[arg-type]
-    model = engine.model()
-    log = BatchLog(model.run_batch)
-    log.gate.clear()
-    model.run_batch = log  # type: ignore[method-assign]
-    return engine, log
+def gated_engine(queue_capacity: int = 2048, **settings: object) -> tuple[Engine, FakeExecutor]:
+    """A fake model (no ONNX Runtime) with its batches held at a gate the test opens; one
+    instance, so that the batch at the gate holds back every later one."""
+    model, executor = fake_model(queue_capacity=queue_capacity)
+    executor.gate.clear()
+    engine = Engine({model.name: model}, model.name, Settings(**settings), instances=1)
+    return engine, executor
 
 
 async def until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
@@ -43,10 +31,8 @@ async def until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
         await asyncio.sleep(0.005)
 
 
-async def test_full_queue_gets_503_with_retry_after_and_admitted_requests_succeed(
-    tmp_models: Path,
-) -> None:
-    engine, log = gated_engine(tmp_models, queue_capacity=8)
+async def test_full_queue_gets_503_with_retry_after_and_admitted_requests_succeed() -> None:
+    engine, log = gated_engine(queue_capacity=8)
     async with serving(engine) as client:
         running = asyncio.create_task(client.post("/predict", json={"sequences": [[1, 2, 3]]}))
         await asyncio.to_thread(log.entered.wait, 5)  # the worker is now busy with it
@@ -54,7 +40,7 @@ async def test_full_queue_gets_503_with_retry_after_and_admitted_requests_succee
             asyncio.create_task(client.post("/predict", json={"sequences": [[i + 1] * 20]}))
             for i in range(8)
         ]
-        await until(lambda: engine.batchers["tiny-encoder"].depth == 8)
+        await until(lambda: engine.batchers["fake"].depth == 8)
 
         started = time.monotonic()
         refused = await asyncio.gather(
@@ -74,8 +60,8 @@ async def test_full_queue_gets_503_with_retry_after_and_admitted_requests_succee
     assert log.sequences == 9
 
 
-async def test_deadline_gives_504_and_the_request_is_never_computed(tmp_models: Path) -> None:
-    engine, log = gated_engine(tmp_models, request_timeout_ms=300)
+async def test_deadline_gives_504_and_the_request_is_never_computed() -> None:
+    engine, log = gated_engine(request_timeout_ms=300)
     async with serving(engine) as client:
         running = asyncio.create_task(client.post("/predict", json={"sequences": [[1, 2, 3]]}))
         await asyncio.to_thread(log.entered.wait, 5)
@@ -92,7 +78,7 @@ async def test_deadline_gives_504_and_the_request_is_never_computed(tmp_models: 
         # the held batch passed its deadline too: answered 504 on time, not left hanging
         assert (await running).status_code == 504
         log.gate.set()
-        await engine.batchers["tiny-encoder"].wait_idle()
+        await engine.batchers["fake"].wait_idle()
         metrics = (await client.get("/metrics")).text
 
     assert short.status_code == longer.status_code == 504
@@ -100,11 +86,11 @@ async def test_deadline_gives_504_and_the_request_is_never_computed(tmp_models: 
     assert 0.09 < short_s < 2
     assert 0.29 < long_s < 2
     assert [lengths for _, lengths in log.batches] == [[3]]  # 40 and 90 were never computed
-    assert 'bucketserve_dropped_total{model="tiny-encoder",reason="expired"} 2.0' in metrics
+    assert 'bucketserve_dropped_total{model="fake",reason="expired"} 2.0' in metrics
 
 
-async def test_abandoned_request_is_dropped_before_compute(tmp_models: Path) -> None:
-    engine, log = gated_engine(tmp_models)
+async def test_abandoned_request_is_dropped_before_compute() -> None:
+    engine, log = gated_engine()
     async with serving(engine) as client:
         running = asyncio.create_task(client.post("/predict", json={"sequences": [[1, 2, 3]]}))
         await asyncio.to_thread(log.entered.wait, 5)
@@ -112,20 +98,20 @@ async def test_abandoned_request_is_dropped_before_compute(tmp_models: Path) -> 
         abandoned = asyncio.create_task(
             engine.infer(model, [np.full(50, 4, np.int64)], engine.deadline(None))
         )
-        await until(lambda: engine.batchers["tiny-encoder"].depth == 1)
+        await until(lambda: engine.batchers["fake"].depth == 1)
         abandoned.cancel()  # what the HTTP layer does when the client disconnects
         log.gate.set()
         assert (await running).status_code == 200
         answer = await client.post("/predict", json={"sequences": [[5] * 50]})  # wakes the batcher
         assert answer.status_code == 200
-        await engine.batchers["tiny-encoder"].wait_idle()
+        await engine.batchers["fake"].wait_idle()
         metrics = (await client.get("/metrics")).text
     assert [lengths for _, lengths in log.batches] == [[3], [50]]  # only the live 50
-    assert 'bucketserve_dropped_total{model="tiny-encoder",reason="cancelled"} 1.0' in metrics
+    assert 'bucketserve_dropped_total{model="fake",reason="cancelled"} 1.0' in metrics
 
 
-async def test_draining_refuses_new_work_and_readiness_turns_false(tmp_models: Path) -> None:
-    engine, log = gated_engine(tmp_models)
+async def test_draining_refuses_new_work_and_readiness_turns_false() -> None:
+    engine, log = gated_engine()
     async with serving(engine) as client:
         assert (await client.get("/v2/health/ready")).status_code == 200
         running = asyncio.create_task(client.post("/predict", json={"sequences": [[1, 2, 3]]}))

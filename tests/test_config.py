@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from serve.errors import ConfigError
-from serve.repository import load_model_spec, load_repository
+from serve.loading import load_model_spec, load_repository
 from tests.helpers import MODELS, copy_bundled
 
 GOOD = (MODELS / "tiny-encoder" / "config.toml").read_text()

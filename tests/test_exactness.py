@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from serve.model import Model
-from serve.padcheck import random_sequences
-from serve.repository import ModelSpec
+from serve.loading import ModelSpec, build_model
+from serve.loading.builder import sequence_rules
+from serve.loading.check import random_sequences
 from tests.helpers import Reference, lengths_over_buckets
 
 STRATEGIES = ["shared-session", "session-per-key", "mutable"]
@@ -21,8 +21,10 @@ def test_batched_equals_alone(
 ) -> None:
     spec = bundled_specs[model_name]
     edges = spec.config.batching.edges
-    sequences = random_sequences(spec, lengths_over_buckets(edges, 200, seed=7), seed=11)
-    model = Model(spec, strategy)
+    sequences = random_sequences(
+        sequence_rules(spec), lengths_over_buckets(edges, 200, seed=7), seed=11
+    )
+    model = build_model(spec, strategy)
     assert model.strategy == strategy
     assert not model.pad_sensitive
 

@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 
 from serve.engine import Engine
-from serve.padcheck import random_sequences
-from serve.repository import ModelSpec, Repository
+from serve.loading import ModelSpec, build_model
+from serve.loading.check import random_sequences
 from serve.settings import Settings
-from tests.helpers import BatchLog, Reference, lengths_over_buckets, make_engine, serving
+from tests.helpers import BatchLog, Reference, lengths_over_buckets, make_engine, serving, spec_of
 
 
 async def test_concurrent_mixed_lengths_batch_by_length_and_stay_exact(tmp_models: Path) -> None:
@@ -19,9 +19,10 @@ async def test_concurrent_mixed_lengths_batch_by_length_and_stay_exact(tmp_model
     model = engine.model("tiny-encoder")
     log = BatchLog(model.run_batch)
     model.run_batch = log  # type: ignore[method-assign]
-    edges = model.spec.config.batching.edges
+    spec = spec_of(tmp_models, "tiny-encoder")
+    edges = spec.config.batching.edges
     lengths = lengths_over_buckets(edges[:6], 90, seed=3)
-    sequences = random_sequences(model.spec, lengths, seed=4)
+    sequences = random_sequences(model.info.rules, lengths, seed=4)
     requests = [sequences[i : i + 3] for i in range(0, len(sequences), 3)]  # 30 requests of 3
 
     async with serving(engine) as client:
@@ -33,7 +34,7 @@ async def test_concurrent_mixed_lengths_batch_by_length_and_stay_exact(tmp_model
         )
 
     assert [r.status_code for r in responses] == [200] * len(requests)
-    reference = Reference(model.spec)
+    reference = Reference(spec)
     for request, response in zip(requests, responses, strict=True):
         body = response.json()
         assert body["model"] == "tiny-encoder"
@@ -57,7 +58,7 @@ async def test_concurrent_mixed_lengths_batch_by_length_and_stay_exact(tmp_model
 async def test_features_model_and_request_id(tmp_models: Path) -> None:
     engine = make_engine(tmp_models, "tiny-encoder", "tiny-lstm", default_model="tiny-encoder")
     model = engine.model("tiny-lstm")
-    sequences = random_sequences(model.spec, [5, 40], seed=1)
+    sequences = random_sequences(model.info.rules, [5, 40], seed=1)
     async with serving(engine) as client:
         response = await client.post(
             "/predict",
@@ -68,7 +69,7 @@ async def test_features_model_and_request_id(tmp_models: Path) -> None:
     assert response.status_code == 200
     assert response.headers["x-request-id"] == "abc-123"
     assert len(generated.headers["x-request-id"]) == 32
-    reference = Reference(model.spec)
+    reference = Reference(spec_of(tmp_models, "tiny-lstm"))
     for seq, out in zip(sequences, response.json()["outputs"], strict=True):
         assert np.asarray(out["tags"]).shape == (len(seq), 5)
         np.testing.assert_allclose(out["tags"], reference(seq)["tags"], atol=1e-5)
@@ -92,7 +93,7 @@ async def test_metrics_report_batches_padding_and_keys(tmp_models: Path) -> None
 
 
 async def test_text_requests_use_the_tokenizer(minilm_spec: ModelSpec, tmp_path: Path) -> None:
-    engine = Engine(Repository(tmp_path, {"minilm": minilm_spec}, "minilm"), None, Settings())
+    engine = Engine({"minilm": build_model(minilm_spec)}, "minilm", Settings())
     model = engine.model()
     async with serving(engine) as client:
         response = await client.post(
@@ -108,7 +109,6 @@ async def test_text_requests_use_the_tokenizer(minilm_spec: ModelSpec, tmp_path:
 
 async def test_only_the_requested_outputs_and_the_config_as_served(tmp_models: Path) -> None:
     engine = make_engine(tmp_models, "tiny-encoder", "tiny-lstm", default_model="tiny-encoder")
-    model = engine.model("tiny-encoder")
     sequence = np.array([5, 9, 2, 7])
     async with serving(engine) as client:
         pooled = await client.post(
@@ -119,12 +119,12 @@ async def test_only_the_requested_outputs_and_the_config_as_served(tmp_models: P
     assert pooled.status_code == 200
     (out,) = pooled.json()["outputs"]
     assert list(out) == ["sentence_embedding"]
-    expected = Reference(model.spec)(sequence)["sentence_embedding"]
+    expected = Reference(spec_of(tmp_models, "tiny-encoder"))(sequence)["sentence_embedding"]
     np.testing.assert_allclose(out["sentence_embedding"], expected, atol=1e-5)
     assert server.json()["default_model"] == "tiny-encoder"
     served = config.json()
     lstm = engine.model("tiny-lstm")
     assert served["name"] == "tiny-lstm"
-    assert served["batching"]["buckets"] == lstm.spec.config.batching.edges
+    assert served["batching"]["buckets"] == list(lstm.plan.edges)
     assert served["inputs"]["features"]["role"] == "features"
     assert served["strategy"] == lstm.executor.strategy

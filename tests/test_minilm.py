@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from serve.model import Model
-from serve.repository import ModelSpec
+from serve.loading import ModelSpec, build_model
 from tests.helpers import Reference
 
 
 def test_tokenizer_neither_pads_nor_truncates_at_128(minilm_spec: ModelSpec) -> None:
-    model = Model(minilm_spec)
+    model = build_model(minilm_spec)
     short, long = model.encode(["hello world", "word " * 200])
     assert len(short) == 4  # [CLS] hello world [SEP]: no padding to 128
     assert len(long) == 202  # 200 words + 2 specials: not cut at 128
@@ -18,7 +17,7 @@ def test_tokenizer_neither_pads_nor_truncates_at_128(minilm_spec: ModelSpec) -> 
 
 
 def test_text_embeddings_match_the_unpadded_model(minilm_spec: ModelSpec) -> None:
-    model = Model(minilm_spec)
+    model = build_model(minilm_spec)
     texts = [
         "A man is eating food.",
         "A man is eating a piece of bread.",

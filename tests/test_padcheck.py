@@ -8,10 +8,10 @@ import numpy as np
 
 from modelgen import graphs
 from serve.bucketing import BucketKey
+from serve.loading import build_model, load_model_spec
+from serve.loading.check import random_sequences
 from serve.model import Model
-from serve.padcheck import random_sequences
-from serve.repository import load_model_spec
-from tests.helpers import MODELS, Reference, write_model
+from tests.helpers import MODELS, Reference, spec_of, write_model
 
 UNMASKED_CONFIG = """
 binding = "session-per-key"
@@ -33,7 +33,7 @@ def unmasked_model(tmp_models: Path) -> Model:
     write_model(tmp_models, "unmasked", graphs.encoder(masked=False), UNMASKED_CONFIG)
     spec = load_model_spec(tmp_models / "unmasked")
     assert spec is not None
-    return Model(spec)
+    return build_model(spec)
 
 
 def test_unmasked_model_is_detected_and_grouped_by_exact_length(tmp_models: Path) -> None:
@@ -45,11 +45,11 @@ def test_unmasked_model_is_detected_and_grouped_by_exact_length(tmp_models: Path
 
 def test_pad_sensitive_model_answers_exactly(tmp_models: Path) -> None:
     model = unmasked_model(tmp_models)
-    sequences = random_sequences(model.spec, [3, 11, 11, 32, 5, 3, 17, 1], seed=5)
+    sequences = random_sequences(model.info.rules, [3, 11, 11, 32, 5, 3, 17, 1], seed=5)
 
     answers = model.predict(sequences)
 
-    reference = Reference(model.spec)
+    reference = Reference(spec_of(tmp_models, "unmasked"))
     for seq, answer in zip(sequences, answers, strict=True):
         for name, value in reference(seq).items():
             np.testing.assert_allclose(answer[name], value, rtol=1e-5, atol=1e-5)
@@ -59,7 +59,7 @@ def test_masked_models_are_pad_safe() -> None:
     for name in ("tiny-encoder", "tiny-lstm"):
         spec = load_model_spec(MODELS / name)
         assert spec is not None
-        assert not Model(spec).pad_sensitive
+        assert not build_model(spec).pad_sensitive
 
 
 def test_config_can_declare_pad_sensitivity(tmp_models: Path) -> None:
@@ -75,4 +75,4 @@ def test_config_can_declare_pad_sensitivity(tmp_models: Path) -> None:
     )
     spec = load_model_spec(tmp_models / "declared")
     assert spec is not None
-    assert Model(spec).pad_sensitive
+    assert build_model(spec).pad_sensitive

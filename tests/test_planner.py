@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from serve.errors import ConfigError
-from serve.planner import padding_waste, plan_edges, power_of_two_edges
-from serve.repository import load_model_spec
+from serve.loading import load_model_spec
+from serve.loading.planner import padding_waste, plan_edges, power_of_two_edges
 from tests.helpers import MODELS, ROOT, copy_bundled
 
 

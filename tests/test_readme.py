@@ -13,7 +13,7 @@ from pathlib import Path
 
 from loadtest.process import free_port
 from serve.cli import PROBE_PATHS
-from serve.repository import ModelSpec
+from serve.loading import ModelSpec
 from tests.helpers import ROOT
 
 

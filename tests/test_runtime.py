@@ -15,12 +15,20 @@ import pytest
 from modelgen import graphs
 from serve.bucketing import BucketKey
 from serve.errors import ConfigError
+from serve.loading import build_model, load_model_spec
+from serve.loading.check import random_sequences
 from serve.model import Model
-from serve.padcheck import random_sequences
-from serve.repository import load_model_spec
 from serve.runtime.sessions import runs_on_cpu, thread_layout, usable_cores
 from serve.settings import Settings
-from tests.helpers import ENCODER_CONFIG, MODELS, ROOT, Reference, copy_bundled, write_model
+from tests.helpers import (
+    ENCODER_CONFIG,
+    MODELS,
+    ROOT,
+    Reference,
+    copy_bundled,
+    spec_of,
+    write_model,
+)
 
 
 def tiny_encoder(
@@ -31,7 +39,7 @@ def tiny_encoder(
     config = config.replace('mode = "bucketing"', f'mode = "{mode}"')
     spec = load_model_spec(copy_bundled(tmp_models, "tiny-encoder", config))
     assert spec is not None
-    return Model(spec)
+    return build_model(spec)
 
 
 @pytest.mark.parametrize("binding", ["shared-session", "session-per-key"])
@@ -108,9 +116,9 @@ def test_batch_shapes(tmp_models: Path, binding: str, mode: str, shape: tuple[in
 
 def test_partial_static_batch_returns_its_real_rows_in_order(tmp_models: Path) -> None:
     model = tiny_encoder(tmp_models, "session-per-key")
-    spec = model.spec
+    spec = spec_of(tmp_models, "tiny-encoder")
     key = model.plan.key_for(20)
-    sequences = random_sequences(spec, [20, 17, 24, 19, 21], seed=3)
+    sequences = random_sequences(model.info.rules, [20, 17, 24, 19, 21], seed=3)
     assert model.executor.batch_shape(key, [len(s) for s in sequences]) == (key.rows, 24)
     assert key.rows > len(sequences)  # the batch is padded with rows
 
@@ -185,8 +193,10 @@ def test_concurrent_batches_of_one_key_stay_exact(
     """Several instances running the same key at once each get a binding of their own (its
     buffers are reused between runs), on the key's one session."""
     model = tiny_encoder(tmp_models, binding, mode)
-    reference = Reference(model.spec)
-    inputs = [random_sequences(model.spec, [17 + i, 32 - i, 20 + i], seed=i) for i in range(8)]
+    reference = Reference(spec_of(tmp_models, "tiny-encoder"))
+    inputs = [
+        random_sequences(model.info.rules, [17 + i, 32 - i, 20 + i], seed=i) for i in range(8)
+    ]
     start = threading.Barrier(8)
     results: dict[int, list[dict[str, np.ndarray]]] = {}
 

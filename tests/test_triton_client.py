@@ -9,9 +9,9 @@ import httpx
 import numpy as np
 import pytest
 
-from serve.padcheck import random_sequences
-from serve.repository import load_model_spec
-from tests.helpers import copy_bundled, server_process
+from serve.loading.builder import sequence_rules
+from serve.loading.check import random_sequences
+from tests.helpers import copy_bundled, server_process, spec_of
 
 httpclient = pytest.importorskip("tritonclient.http")
 
@@ -76,9 +76,7 @@ def test_encoder_through_tritonclient_matches_predict(
 
 def test_features_model_with_lengths_and_default_binary_outputs(server: tuple[str, Path]) -> None:
     url, root = server
-    spec = load_model_spec(root / "tiny-lstm")
-    assert spec is not None
-    sequences = random_sequences(spec, [6, 11], seed=2)
+    sequences = random_sequences(sequence_rules(spec_of(root, "tiny-lstm")), [6, 11], seed=2)
     features = np.zeros((2, 11, 16), np.float32)
     for row, seq in enumerate(sequences):
         features[row, : len(seq)] = seq

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable
+from importlib.metadata import version
 from typing import Any, TypeVar
 
 import numpy as np
@@ -16,6 +17,7 @@ from serve.errors import BucketserveError, MalformedRequest, PayloadTooLarge, Un
 T = TypeVar("T")
 
 TIMEOUT_HEADER = "x-request-timeout-ms"
+SERVER_VERSION = version("bucketserve")  # pyproject.toml's
 
 
 class ClientGone(Exception):

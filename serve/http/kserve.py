@@ -12,11 +12,10 @@ from typing import Any
 import numpy as np
 from fastapi import APIRouter, Request, Response
 
-from serve import __version__
 from serve.batcher import Outputs
-from serve.config import InputRole
 from serve.errors import InvalidInput, ModelNotFound
 from serve.http.common import (
+    SERVER_VERSION,
     engine_of,
     json_response,
     read_body,
@@ -24,6 +23,7 @@ from serve.http.common import (
     unless_client_leaves,
 )
 from serve.http.tensors import DATATYPE_OF, decode_request, encode_response
+from serve.layout import InputRole, Tensor
 from serve.model import Model
 
 router = APIRouter(prefix="/v2", tags=["KServe v2"])
@@ -40,8 +40,8 @@ CLIENT_INPUTS = (
 
 def _model(request: Request, name: str, version: str | None) -> Model:
     model = engine_of(request).model(name)
-    if version is not None and version != str(model.spec.version):
-        raise ModelNotFound(f"model {name} has no version {version} (serving {model.spec.version})")
+    if version is not None and version != str(model.info.version):
+        raise ModelNotFound(f"model {name} has no version {version} (serving {model.info.version})")
     return model
 
 
@@ -68,46 +68,33 @@ async def server_metadata(request: Request) -> Response:
     return json_response(
         {
             "name": "bucketserve",
-            "version": __version__,
+            "version": SERVER_VERSION,
             "extensions": ["binary_tensor_data"],
-            "default_model": engine_of(request).repository.default_model,
+            "default_model": engine_of(request).default_model,
         }
     )
 
 
-def _dims(dims: tuple[int | str, ...]) -> list[int]:
-    return [d if isinstance(d, int) else -1 for d in dims]
+def _described(tensor: Tensor) -> dict[str, Any]:
+    return {
+        "name": tensor.name,
+        "datatype": DATATYPE_OF[tensor.dtype],
+        "shape": [-1 if d is None else d for d in tensor.dims],
+    }
 
 
 @router.get("/models/{name}", summary="Model metadata")
 @router.get("/models/{name}/versions/{version}", summary="Model metadata")
 async def model_metadata(request: Request, name: str, version: str | None = None) -> Response:
     model = _model(request, name, version)
-    sig, config = model.spec.signature, model.spec.config
-    inputs = [
-        {
-            "name": n,
-            "datatype": DATATYPE_OF[sig.inputs[n].dtype],
-            "shape": _dims(sig.inputs[n].dims),
-        }
-        for n, cfg in config.inputs.items()
-        if cfg.role in CLIENT_INPUTS
-    ]
-    outputs = [
-        {
-            "name": n,
-            "datatype": DATATYPE_OF[sig.outputs[n].dtype],
-            "shape": _dims(sig.outputs[n].dims),
-        }
-        for n in config.outputs
-    ]
+    layout = model.info.layout
     return json_response(
         {
             "name": model.name,
-            "versions": [str(model.spec.version)],
+            "versions": [str(model.info.version)],
             "platform": "onnxruntime_onnx",
-            "inputs": inputs,
-            "outputs": outputs,
+            "inputs": [_described(i.tensor) for i in layout.inputs if i.role in CLIENT_INPUTS],
+            "outputs": [_described(o) for o in layout.outputs],
         }
     )
 
@@ -118,16 +105,7 @@ async def model_config(request: Request, name: str, version: str | None = None) 
     """The model's config.toml with fitted edges and command-line overrides applied (Triton
     serves its model configuration at the same path); load generators read the bucket
     edges from here."""
-    model = _model(request, name, version)
-    return json_response(
-        {
-            "name": model.name,
-            "version": str(model.spec.version),
-            "strategy": model.executor.strategy,
-            "pad_sensitive": model.pad_sensitive,
-            **model.spec.config.model_dump(mode="json"),
-        }
-    )
+    return json_response(_model(request, name, version).info.served_config)
 
 
 @router.get("/models/{name}/ready", summary="Model readiness")
@@ -140,21 +118,24 @@ async def model_ready(request: Request, name: str, version: str | None = None) -
 
 def _row_lengths(model: Model, inputs: dict[str, np.ndarray], rows: int, steps: int) -> np.ndarray:
     """Each row's length, from the mask or lengths input when one was sent."""
-    for name, cfg in model.spec.config.inputs.items():
-        if name not in inputs or cfg.role not in (InputRole.MASK, InputRole.LENGTHS):
+    for inp in model.info.layout.inputs:
+        name = inp.tensor.name
+        if name not in inputs or inp.role not in (InputRole.MASK, InputRole.LENGTHS):
             continue
         given = inputs[name]
-        if cfg.role is InputRole.LENGTHS:
+        if inp.role is InputRole.LENGTHS:
             if given.shape != (rows,):
                 raise InvalidInput(
                     f"input {name}: expected shape [{rows}], got {list(given.shape)}"
                 )
             lengths: np.ndarray = given.astype(np.int64)
             return lengths
-        if given.shape != (rows, steps):
+        expected = inp.tensor.shape(rows, steps)
+        if given.shape != expected:
             raise InvalidInput(
-                f"input {name}: expected shape [{rows}, {steps}], got {list(given.shape)}"
+                f"input {name}: expected shape {list(expected)}, got {list(given.shape)}"
             )
+        given = inp.tensor.to_batch_major(given)
         lengths = (given != 0).sum(axis=1)
         if not (given.astype(bool) == (np.arange(steps) < lengths[:, None])).all():
             raise InvalidInput(f"input {name}: each row must be ones followed by zeros")
@@ -164,23 +145,26 @@ def _row_lengths(model: Model, inputs: dict[str, np.ndarray], rows: int, steps: 
 
 def sequences_from_tensors(
     model: Model, inputs: dict[str, np.ndarray], max_sequences: int
-) -> list[np.ndarray]:
-    config = model.spec.config
+) -> tuple[list[np.ndarray], int]:
+    """The request's rows as validated sequences, and the time steps T the rows were sent at."""
+    roles = {i.tensor.name: i.role for i in model.info.layout.inputs}
     for name in inputs:
-        if name not in config.inputs:
+        if name not in roles:
             raise InvalidInput(f"model {model.name} has no input {name}")
-        cfg = config.inputs[name]
-        if cfg.role is InputRole.STATE:
+        if roles[name] is InputRole.STATE:
             raise InvalidInput(f"input {name} is a state the server fills; do not send it")
-        if cfg.role is InputRole.TOKEN_TYPES and inputs[name].any():
+        if roles[name] is InputRole.TOKEN_TYPES and inputs[name].any():
             raise InvalidInput(f"input {name}: only token type 0 is supported")
-    name = config.sequence_input
+    sequence = model.info.layout.sequence
+    name = sequence.tensor.name
     if name not in inputs:
         raise InvalidInput(f"missing input {name}")
-    tensor = inputs[name]
-    rank = 2 if config.inputs[name].role is InputRole.TOKENS else 3
-    if tensor.ndim != rank:
-        raise InvalidInput(f"input {name}: expected rank {rank}, got shape {list(tensor.shape)}")
+    rank = len(sequence.tensor.dims)
+    if inputs[name].ndim != rank:
+        raise InvalidInput(
+            f"input {name}: expected rank {rank}, got shape {list(inputs[name].shape)}"
+        )
+    tensor = sequence.tensor.to_batch_major(inputs[name])
     rows, steps = tensor.shape[:2]
     if rows == 0 or steps == 0:
         raise InvalidInput(f"input {name}: empty")
@@ -189,23 +173,25 @@ def sequences_from_tensors(
     lengths = _row_lengths(model, inputs, rows, steps)
     if lengths.min() < 1 or lengths.max() > steps:
         raise InvalidInput(f"row lengths must lie in 1..{steps}")
-    return [model.validate(tensor[i, : lengths[i]], i) for i in range(rows)]
+    return [model.validate(tensor[i, : lengths[i]], i) for i in range(rows)], steps
 
 
 def stack_outputs(
     model: Model, answers: list[Outputs], names: list[str], steps: int
 ) -> dict[str, np.ndarray]:
-    """Per-sequence outputs back into [n, ...] tensors; per-step ones zero-padded to T."""
+    """Per-sequence outputs back into tensors in the model's own axes; per-step ones
+    zero-padded to the T the request was sent at."""
     tensors = {}
     for name in names:
         parts = [a[name] for a in answers]
-        if model.spec.config.outputs[name].per_step:
+        tensor = model.info.layout.output(name)
+        if tensor.per_step:
             out = np.zeros((len(parts), steps, *parts[0].shape[1:]), parts[0].dtype)
             for row, part in enumerate(parts):
                 out[row, : len(part)] = part
-            tensors[name] = out
         else:
-            tensors[name] = np.stack(parts)
+            out = np.stack(parts)
+        tensors[name] = tensor.to_model_axes(out)
     return tensors
 
 
@@ -218,16 +204,16 @@ async def infer(request: Request, name: str, version: str | None = None) -> Resp
     model = _model(request, name, version)
     body = await read_body(request, engine.settings.max_body_bytes)
     parsed = decode_request(body, request.headers.get(HEADER_LENGTH))
-    wanted = parsed.outputs or dict.fromkeys(model.spec.config.outputs, parsed.binary_by_default)
+    known = model.info.layout.output_names
+    wanted = parsed.outputs or dict.fromkeys(known, parsed.binary_by_default)
     for out in wanted:
-        if out not in model.spec.config.outputs:
+        if out not in known:
             raise InvalidInput(f"model {model.name} has no output {out}")
-    sequences = sequences_from_tensors(model, parsed.inputs, engine.settings.max_sequences)
+    sequences, steps = sequences_from_tensors(model, parsed.inputs, engine.settings.max_sequences)
     deadline = engine.deadline(request_timeout_ms(request))
     answers = await unless_client_leaves(request, engine.infer(model, sequences, deadline))
-    steps = parsed.inputs[model.spec.config.sequence_input].shape[1]
     tensors = stack_outputs(model, answers, list(wanted), steps)
-    header: dict[str, Any] = {"model_name": model.name, "model_version": str(model.spec.version)}
+    header: dict[str, Any] = {"model_name": model.name, "model_version": str(model.info.version)}
     if parsed.id is not None:
         header["id"] = parsed.id
     content, json_length = encode_response(header, tensors, wanted)

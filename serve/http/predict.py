@@ -78,7 +78,7 @@ async def parse_items(
 def _wanted_outputs(names: Any, model: Model) -> list[str]:
     """The outputs to send back: all by default. Asking for fewer saves encoding and bytes
     (a per-token hidden state is hundreds of floats per token)."""
-    known = list(model.spec.config.outputs)
+    known = model.info.layout.output_names
     if names is None:
         return known
     if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):

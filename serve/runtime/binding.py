@@ -14,34 +14,29 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 import onnxruntime as ort
 
-from serve.signature import Signature
+from serve.layout import Layout
 
 
 class BufferBinding:
     def __init__(
-        self,
-        session: ort.InferenceSession,
-        signature: Signature,
-        output_names: Iterable[str],
-        shapes: Iterable[tuple[int, int]],
+        self, session: ort.InferenceSession, layout: Layout, shapes: Iterable[tuple[int, int]]
     ) -> None:
         """`shapes` are the (rows, length) pairs this binding must hold; buffers fit the largest."""
         shapes = list(shapes)
         self.session = session
         self.lock = threading.Lock()  # one run at a time: the buffers are reused
-        self._signature = signature
         self._binding = session.io_binding()
-        self._specs = {**signature.inputs, **{n: signature.outputs[n] for n in output_names}}
-        self._inputs = list(signature.inputs)
+        self._specs = {tensor.name: tensor for tensor in layout.tensors}
+        self._inputs = [i.tensor.name for i in layout.inputs]
         self._buffers = {
-            name: np.empty(max(math.prod(signature.shape(spec, *s)) for s in shapes), spec.dtype)
+            name: np.empty(max(math.prod(spec.shape(*s)) for s in shapes), spec.dtype)
             for name, spec in self._specs.items()
         }
         self._views: dict[str, np.ndarray] = {}
         self._shape: tuple[int, int] | None = None
 
     def _view(self, name: str, rows: int, length: int) -> np.ndarray:
-        shape = self._signature.shape(self._specs[name], rows, length)
+        shape = self._specs[name].shape(rows, length)
         return self._buffers[name][: math.prod(shape)].reshape(shape)
 
     def _rebind(self, rows: int, length: int) -> None:

@@ -29,19 +29,27 @@ import numpy as np
 import onnxruntime as ort
 
 from serve.bucketing import BucketKey, BucketPlan
-from serve.repository import ModelSpec
+from serve.layout import Layout
 from serve.runtime.binding import BufferBinding
-from serve.runtime.sessions import create_session
+from serve.runtime.sessions import GraphFile, create_session
 from serve.runtime.weights import SharedWeights
 
 
 class Executor(ABC):
     strategy: str
 
-    def __init__(self, spec: ModelSpec, plan: BucketPlan) -> None:
-        self.spec = spec
+    def __init__(
+        self,
+        graph: GraphFile,
+        layout: Layout,
+        plan: BucketPlan,
+        session: ort.InferenceSession | None = None,
+    ) -> None:
+        """`session`: one made at load over `graph`, which the strategies that run everything
+        on one session take as theirs."""
+        self.graph = graph
+        self.layout = layout
         self.plan = plan
-        self.output_names = list(spec.config.outputs)
         self.bind_counts: Counter[BucketKey] = Counter()
         self._bound: set[BucketKey] = set()
         # Bindings by family: one per key, except in mutable mode, where every key shares them.
@@ -93,11 +101,13 @@ class Executor(ABC):
             self._bound.add(key)
             return True
 
-    def run(self, key: BucketKey, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Run collated `feeds` (already at `batch_shape`) under `key`, binding it if new."""
+    def run(
+        self, key: BucketKey, feeds: Mapping[str, np.ndarray], rows: int, length: int
+    ) -> dict[str, np.ndarray]:
+        """Run collated `feeds` of `rows` x `length` (the key's `batch_shape`) under `key`,
+        binding the key if it is new."""
         self.prepare(key)
         family = self._families[self._family(key)]
-        rows, length = feeds[self.spec.config.sequence_input].shape[:2]
         binding = next((b for b in list(family) if b.lock.acquire(blocking=False)), None)
         if binding is None:  # every binding of this key is running a batch
             binding = self._bind(key)
@@ -113,9 +123,15 @@ class Executor(ABC):
 class SharedSessionExecutor(Executor):
     strategy = "shared-session"
 
-    def __init__(self, spec: ModelSpec, plan: BucketPlan) -> None:
-        super().__init__(spec, plan)
-        self._session = create_session(spec.onnx_path, spec.config.providers)
+    def __init__(
+        self,
+        graph: GraphFile,
+        layout: Layout,
+        plan: BucketPlan,
+        session: ort.InferenceSession | None = None,
+    ) -> None:
+        super().__init__(graph, layout, plan, session)
+        self._session = session or create_session(graph)
 
     @property
     def sessions(self) -> list[ort.InferenceSession]:
@@ -125,17 +141,22 @@ class SharedSessionExecutor(Executor):
         return len(lengths), max(lengths)
 
     def _bind(self, key: BucketKey) -> BufferBinding:
-        return BufferBinding(
-            self._session, self.spec.signature, self.output_names, [(key.rows, key.length)]
-        )
+        return BufferBinding(self._session, self.layout, [(key.rows, key.length)])
 
 
 class SessionPerKeyExecutor(Executor):
     strategy = "session-per-key"
 
-    def __init__(self, spec: ModelSpec, plan: BucketPlan) -> None:
-        super().__init__(spec, plan)
-        self.weights = SharedWeights(spec.onnx_path)
+    def __init__(
+        self,
+        graph: GraphFile,
+        layout: Layout,
+        plan: BucketPlan,
+        session: ort.InferenceSession | None = None,
+    ) -> None:
+        """(`session` is not used: every key gets a static-shape session of its own.)"""
+        super().__init__(graph, layout, plan, session)
+        self.weights = SharedWeights(graph.path)
         self._sessions: dict[BucketKey, ort.InferenceSession] = {}
 
     @property
@@ -148,24 +169,26 @@ class SessionPerKeyExecutor(Executor):
     def _bind(self, key: BucketKey) -> BufferBinding:
         session = self._sessions.get(key)
         if session is None:  # the key's first binding; later ones share its session
-            sig = self.spec.signature
             session = self._sessions[key] = create_session(
-                self.spec.onnx_path,
-                self.spec.config.providers,
+                self.graph,
                 weights=self.weights,
-                static_dims={sig.batch_dim: key.rows, sig.time_dim: key.length},
+                static_dims=self.graph.static_dims(key.rows, key.length),
             )
-        return BufferBinding(
-            session, self.spec.signature, self.output_names, [(key.rows, key.length)]
-        )
+        return BufferBinding(session, self.layout, [(key.rows, key.length)])
 
 
 class MutableExecutor(Executor):
     strategy = "mutable"
 
-    def __init__(self, spec: ModelSpec, plan: BucketPlan) -> None:
-        super().__init__(spec, plan)
-        self._session = create_session(spec.onnx_path, spec.config.providers)
+    def __init__(
+        self,
+        graph: GraphFile,
+        layout: Layout,
+        plan: BucketPlan,
+        session: ort.InferenceSession | None = None,
+    ) -> None:
+        super().__init__(graph, layout, plan, session)
+        self._session = session or create_session(graph)
         self._shapes = [(k.rows, k.length) for k in plan.all_keys()]
         self._families[None] = [self._bind(plan.default_key)]  # bound once, at the max shape
 
@@ -177,14 +200,24 @@ class MutableExecutor(Executor):
         return len(lengths), max(lengths)
 
     def _bind(self, key: BucketKey) -> BufferBinding:
-        return BufferBinding(self._session, self.spec.signature, self.output_names, self._shapes)
+        return BufferBinding(self._session, self.layout, self._shapes)
 
     def _family(self, key: BucketKey) -> Hashable:
         return None  # every key shares the max-shape buffers
 
 
-def make_executor(strategy: str, spec: ModelSpec, plan: BucketPlan) -> Executor:
-    classes: dict[str, type[Executor]] = {
-        cls.strategy: cls for cls in (SharedSessionExecutor, SessionPerKeyExecutor, MutableExecutor)
-    }
-    return classes[strategy](spec, plan)
+STRATEGIES: dict[str, type[Executor]] = {
+    cls.strategy: cls for cls in (SharedSessionExecutor, SessionPerKeyExecutor, MutableExecutor)
+}
+
+
+def make_executor(
+    strategy: str,
+    graph: GraphFile,
+    layout: Layout,
+    plan: BucketPlan,
+    session: ort.InferenceSession | None = None,
+) -> Executor:
+    """The executor for `strategy`; `session` (one made at load over `graph`) is reused by the
+    strategies that run everything on one session."""
+    return STRATEGIES[strategy](graph, layout, plan, session)

@@ -13,6 +13,7 @@ import logging
 import math
 import os
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 import onnxruntime as ort
@@ -20,6 +21,21 @@ import onnxruntime as ort
 from serve.runtime.weights import SharedWeights
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class GraphFile:
+    """The ONNX file a model's sessions load, the providers they ask for, and the names of the
+    free dims on the inputs' batch and time axes (what a static-shape session fixes)."""
+
+    path: Path
+    providers: tuple[str, ...]
+    batch_dims: tuple[str, ...] = ()
+    time_dims: tuple[str, ...] = ()
+
+    def static_dims(self, rows: int, length: int) -> dict[str, int]:
+        return {**dict.fromkeys(self.batch_dims, rows), **dict.fromkeys(self.time_dims, length)}
+
 
 _process_lock = threading.Lock()
 _process_ready = False
@@ -70,13 +86,12 @@ def thread_layout(
 
 
 def create_session(
-    onnx_path: Path,
-    providers: list[str],
+    graph: GraphFile,
     *,
     weights: SharedWeights | None = None,
     static_dims: dict[str, int] | None = None,
 ) -> ort.InferenceSession:
-    """A session over `onnx_path`. With `weights`, initializers come from the shared memmap and
+    """A session over `graph`. With `weights`, initializers come from the shared memmap and
     prepacking is off (a prepacked copy would be private to the session). `static_dims` fixes
     free dimensions by name, giving a static-shape session for one bucket key."""
     init_process()
@@ -89,14 +104,15 @@ def create_session(
         options.add_session_config_entry("session.disable_prepacking", "1")
     for name, size in (static_dims or {}).items():
         options.add_free_dimension_override_by_name(name, size)
+    providers = list(graph.providers)
     available = set(ort.get_available_providers())
     wanted = [p for p in providers if p in available] or ["CPUExecutionProvider"]
-    session = ort.InferenceSession(str(onnx_path), options, providers=wanted)
+    session = ort.InferenceSession(str(graph.path), options, providers=wanted)
     # The session reads the weights' pages for its whole life, but holds no reference to the
     # memmap they live in: tie their lifetimes here, or the pages may be unmapped under it.
     session.shared_weights = weights
     in_use = session.get_providers()
     if in_use[0] != providers[0]:
         # onnxruntime-gpu without a usable GPU falls back to CPU with only a log line of its own.
-        log.warning("%s: asked for %s, running on %s", onnx_path, providers[0], in_use[0])
+        log.warning("%s: asked for %s, running on %s", graph.path, providers[0], in_use[0])
     return session

@@ -8,7 +8,6 @@ checked against the ONNX file by `repository`.
 from __future__ import annotations
 
 import tomllib
-from enum import StrEnum
 from itertools import pairwise
 from pathlib import Path
 from typing import Literal
@@ -16,20 +15,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from serve.errors import ConfigError
-
-
-class InputRole(StrEnum):
-    """What a model input carries. Requests provide only the sequence (tokens or features)."""
-
-    TOKENS = "tokens"  # int ids, [batch, time]
-    FEATURES = "features"  # per-step vectors, [batch, time, dim]
-    MASK = "mask"  # 1 at real positions, 0 at padding, [batch, time]
-    LENGTHS = "lengths"  # each row's length, [batch]
-    TOKEN_TYPES = "token_types"  # segment ids, all zeros here, [batch, time]
-    STATE = "state"  # e.g. an RNN's initial state; filled like MXNet's `state_names`
-
-
-SEQUENCE_ROLES = (InputRole.TOKENS, InputRole.FEATURES)
+from serve.layout import SEQUENCE_ROLES, InputRole
 
 
 class _Strict(BaseModel):

@@ -13,8 +13,9 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from serve.config import InputRole, ModelConfig
 from serve.errors import ConfigError
+from serve.layout import InputRole
+from serve.loading.config import ModelConfig
 
 Dim = int | str  # a fixed size, or the name of a free (symbolic) dimension
 

@@ -12,10 +12,10 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from serve.config import ModelConfig, load_model_config
 from serve.errors import ConfigError
-from serve.planner import plan_edges, read_lengths
-from serve.signature import Signature, read_signature
+from serve.loading.config import ModelConfig, load_model_config
+from serve.loading.planner import plan_edges, read_lengths
+from serve.loading.signature import Signature, read_signature
 
 log = logging.getLogger(__name__)
 

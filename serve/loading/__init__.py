@@ -1,0 +1,11 @@
+"""Load time, apart from the request path: a model repository becomes ready models in an engine.
+
+config (config.toml, validated) -> repository (folders, versions, files) -> signature (the
+graph's tensors against the config) -> planner (bucket edges fitted to lengths) -> check (what
+padding does to the model) -> builder (spec -> checked, bound, warm `Model`; `load_engine`).
+"""
+
+from serve.loading.builder import build_model, load_engine
+from serve.loading.repository import ModelSpec, load_model_spec, load_repository
+
+__all__ = ["ModelSpec", "build_model", "load_engine", "load_model_spec", "load_repository"]

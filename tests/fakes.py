@@ -1,0 +1,98 @@
+"""A model without ONNX Runtime or files: a real `Model` (validation, collate, split, bucket
+plan) whose executor computes in numpy, records every batch, and can hold batches at a gate.
+
+The engine is built from ready models, so HTTP, admission and batching tests can hand it this
+one and run in milliseconds.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from serve.bucketing import BucketKey, BucketPlan
+from serve.layout import Input, InputRole, Layout, Tensor
+from serve.model import Model, ModelInfo, SequenceRules
+
+IDS = np.dtype(np.int64)
+LAYOUT = Layout(
+    inputs=(
+        Input(Tensor("ids", IDS, (None, None), batch_axis=0, time_axis=1), InputRole.TOKENS, 0),
+        Input(Tensor("mask", IDS, (None, None), batch_axis=0, time_axis=1), InputRole.MASK, 0),
+    ),
+    outputs=(
+        Tensor("doubled", IDS, (None, None), batch_axis=0, time_axis=1),  # each id times 2
+        Tensor("total", IDS, (None,), batch_axis=0),  # the sum of a sequence's ids
+    ),
+)
+
+
+class FakeExecutor:
+    """Runs batches in numpy: `doubled` = ids x 2 per step, `total` = the masked sum."""
+
+    strategy = "fake"
+
+    def __init__(self) -> None:
+        self.batches: list[tuple[BucketKey, list[int]]] = []
+        self.gate = threading.Event()  # batches wait here while it is clear
+        self.gate.set()
+        self.entered = threading.Event()  # set once a batch has started
+        self._bound: set[BucketKey] = set()
+
+    @property
+    def providers(self) -> list[str]:
+        return ["numpy"]
+
+    @property
+    def sequences(self) -> int:
+        return sum(len(lengths) for _, lengths in self.batches)
+
+    def bound_key_count(self) -> int:
+        return len(self._bound)
+
+    def batch_shape(self, key: BucketKey, lengths: Sequence[int]) -> tuple[int, int]:
+        return len(lengths), max(lengths)
+
+    def prepare(self, key: BucketKey) -> bool:
+        bound = key not in self._bound
+        self._bound.add(key)
+        return bound
+
+    def run(
+        self, key: BucketKey, feeds: Mapping[str, np.ndarray], rows: int, length: int
+    ) -> dict[str, np.ndarray]:
+        ids, mask = feeds["ids"], feeds["mask"]
+        assert ids.shape == mask.shape == (rows, length)
+        self.prepare(key)  # bound on first use, like the real executors
+        self.batches.append((key, [int(n) for n in mask.sum(axis=1)]))
+        self.entered.set()
+        if not self.gate.wait(timeout=30):
+            raise TimeoutError("test gate never opened")
+        return {"doubled": ids * 2, "total": (ids * mask).sum(axis=1)}
+
+
+def fake_model(
+    name: str = "fake",
+    *,
+    edges: tuple[int, ...] = (8, 16, 32, 64, 128),
+    max_batch_size: int = 8,
+    queue_capacity: int = 2048,
+    max_queue_delay_ms: float = 0,
+) -> tuple[Model, FakeExecutor]:
+    """A ready model over `FakeExecutor`, and the executor (to read or gate its batches)."""
+    plan = BucketPlan(edges, max_batch_size, max_batch_tokens=max_batch_size * edges[-1])
+    info = ModelInfo(
+        name=name,
+        version=1,
+        layout=LAYOUT,
+        plan=plan,
+        rules=SequenceRules(dtype=IDS, max_length=edges[-1], vocab_size=1000),
+        max_queue_delay_s=max_queue_delay_ms / 1000,
+        queue_capacity=queue_capacity,
+        pad_sensitive=False,
+        served_config={"name": name, "version": "1", "strategy": "fake"},
+    )
+    executor = FakeExecutor()
+    return Model(info, executor), executor
