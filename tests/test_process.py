@@ -92,5 +92,8 @@ def test_sigterm_under_load_loses_no_admitted_request(models: Path) -> None:
     assert summary is not None, log
     admitted, answered = map(int, summary.groups())
     assert admitted == answered == outcomes["200"], (outcomes, admitted, answered)
-    assert set(outcomes) <= {"200", "503", "refused-connection", "lost: RemoteProtocolError"}
+    # A connection accepted in the last instant and closed at exit, unread, reaches the client
+    # as a closed connection or, with other timing, a reset (ReadError): never an admitted one.
+    dropped = {"lost: RemoteProtocolError", "lost: ReadError"}
+    assert set(outcomes) <= {"200", "503", "refused-connection", *dropped}
     assert '"drained; exiting"' in log
