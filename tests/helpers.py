@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import shutil
 import subprocess
 import threading
@@ -21,6 +22,7 @@ from serve.app import create_app
 from serve.engine import Engine
 from serve.loading import ModelSpec, load_engine, load_model_spec
 from serve.loading.builder import layout_of
+from serve.runtime.sessions import run_all
 from serve.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -61,7 +63,7 @@ class Reference:
         self.session = ort.InferenceSession(
             str(spec.onnx_path), options, providers=["CPUExecutionProvider"]
         )
-        self.layout = layout_of(spec)
+        self.layout = layout_of(spec, functools.partial(run_all, self.session))
         self.names = self.layout.output_names
 
     def __call__(self, sequence: np.ndarray) -> dict[str, np.ndarray]:

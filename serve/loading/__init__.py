@@ -1,8 +1,9 @@
 """Load time, apart from the request path: a model repository becomes ready models in an engine.
 
-config (config.toml, validated) -> repository (folders, versions, files) -> signature (the
-graph's tensors against the config) -> planner (bucket edges fitted to lengths) -> check (what
-padding does to the model) -> builder (spec -> checked, bound, warm `Model`; `load_engine`).
+config (config.toml, validated) -> signature (the graph's tensors as declared) -> axes (which
+is the batch, which is time) -> repository (folders, versions, files: a `ModelSpec`) ->
+planner (bucket edges fitted to lengths) -> check (what padding does to the model) -> builder
+(spec -> checked, bound, warm `Model`; `load_engine`).
 """
 
 from serve.loading.builder import build_model, load_engine

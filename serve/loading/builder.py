@@ -1,13 +1,15 @@
 """The builder: a model spec becomes a ready model, and a repository an engine.
 
-spec -> layout and rules (what the request path reads) -> the pad-safety check -> the bucket
-plan -> an executor over the graph -> the keys the config asks for bound and warm -> `Model`.
+spec -> a load-time session -> layout (outputs' axes probed where names do not settle them)
+and rules (what the request path reads) -> the pad-safety check -> the bucket plan -> an
+executor over the graph -> the keys the config asks for bound and warm -> `Model`.
 `load_engine` does it for every model of a repository, after sizing ONNX Runtime's threads.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from pathlib import Path
 
@@ -18,13 +20,22 @@ from serve.bucketing import BucketPlan
 from serve.engine import Engine
 from serve.errors import ConfigError
 from serve.layout import Input, InputRole, Layout, Tensor
-from serve.loading.check import is_pad_sensitive
+from serve.loading.axes import Axes, probe_outputs, probe_shapes
+from serve.loading.check import Run, is_pad_sensitive, random_sequences
 from serve.loading.config import BatchingConfig
 from serve.loading.repository import ModelSpec, load_repository
-from serve.loading.signature import TensorSpec
+from serve.loading.signature import GraphTensor
 from serve.model import Model, ModelInfo, SequenceRules
 from serve.runtime.executors import make_executor
-from serve.runtime.sessions import GraphFile, init_process, runs_on_cpu, thread_layout
+from serve.runtime.sessions import (
+    GraphFile,
+    create_session,
+    init_process,
+    run_all,
+    runs_on_cpu,
+    thread_layout,
+)
+from serve.runtime.weights import SharedWeights
 from serve.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -42,56 +53,101 @@ def load_tokenizer(path: Path, max_length: int) -> Tokenizer:
     return tokenizer
 
 
-def layout_of(spec: ModelSpec) -> Layout:
-    """The request path's view of the graph's tensors: roles, dtypes, batch and time axes."""
-    sig = spec.signature
+def _tensor(graph: GraphTensor, axes: Axes) -> Tensor:
+    fixed = tuple(None if i in axes.free() else d for i, d in enumerate(graph.dims))
+    return Tensor(graph.name, graph.dtype, fixed, axes.batch, axes.time)  # type: ignore[arg-type]
 
-    def tensor(t: TensorSpec) -> Tensor:
-        time_axis = t.dims.index(sig.time_dim) if sig.time_dim in t.dims else None
-        fixed = tuple(d if isinstance(d, int) else None for d in t.dims)
-        return Tensor(t.name, t.dtype, fixed, t.dims.index(sig.batch_dim), time_axis)
 
+def layout_of(spec: ModelSpec, run: Run | None = None) -> Layout:
+    """The request path's view of the graph's tensors: roles, dtypes, batch and time axes.
+    Outputs whose axes the graph's names leave open are found by running the model (`run`)."""
+    sig, axes, config = spec.signature, spec.axes, spec.config
     inputs = tuple(
         Input(
-            tensor(sig.inputs[name]),
+            _tensor(sig.inputs[name], axes.inputs[name]),
             cfg.role,
             cfg.fill if cfg.role is InputRole.STATE else cfg.pad_value,
         )
-        for name, cfg in spec.config.inputs.items()
+        for name, cfg in config.inputs.items()
     )
-    return Layout(inputs, tuple(tensor(sig.outputs[name]) for name in spec.config.outputs))
+    outputs = {
+        name: _tensor(sig.outputs[name], found)
+        for name, found in axes.outputs.items()
+        if found is not None
+    }
+    if axes.unresolved:
+        outputs |= _probe(spec, Layout(inputs, ()), run)
+    return Layout(inputs, tuple(outputs[name] for name in config.outputs))
+
+
+def _probe(spec: ModelSpec, inputs: Layout, run: Run | None) -> dict[str, Tensor]:
+    """The open outputs' axes, from the model run at two shapes."""
+    names = spec.axes.unresolved
+
+    def fail(field: str, message: str) -> ConfigError:
+        return ConfigError(f"{spec.onnx_path}: {field}: {message}")
+
+    if run is None:
+        raise fail(f"outputs.{names[0]}", "its axes are found by running the model")
+    points = probe_shapes(spec.config.batching.longest)
+    shapes = []
+    for seed, (rows, length) in enumerate(points):
+        sequences = random_sequences(sequence_rules(spec), [length] * rows, seed)
+        try:
+            outputs = run(inputs.collate(sequences, rows, length))
+        except Exception as exc:  # ONNX Runtime raises its own types for a failed run
+            raise fail(
+                f"outputs.{names[0]}",
+                f"running the model on {rows} sequences of length {length}, to find the axes "
+                f"of {names}, failed ({exc}): name them in config.toml (batch_axis, time_axis)",
+            ) from None
+        shapes.append({name: outputs[name].shape for name in names})
+    found = probe_outputs(names, points, (shapes[0], shapes[1]), spec.config, fail)
+    sig = spec.signature
+    return {
+        name: Tensor(name, sig.outputs[name].dtype, fixed, axes.batch, axes.time)
+        for name, (axes, fixed) in found.items()
+    }
 
 
 def sequence_rules(spec: ModelSpec) -> SequenceRules:
     """What a valid sequence is for this model, checked at the edge."""
     name = spec.config.sequence_input
     cfg, tensor = spec.config.inputs[name], spec.signature.inputs[name]
-    feature_dim = tensor.dims[2] if cfg.role is InputRole.FEATURES else None
-    assert feature_dim is None or isinstance(feature_dim, int)
+    free = spec.axes.inputs[name].free()
+    features = [d for i, d in enumerate(tensor.dims) if i not in free]
     return SequenceRules(
         dtype=tensor.dtype,
         max_length=spec.config.batching.longest,
         vocab_size=cfg.vocab_size if cfg.role is InputRole.TOKENS else None,
-        feature_dim=feature_dim,
+        feature_dim=int(features[0]) if cfg.role is InputRole.FEATURES else None,  # type: ignore[arg-type]
     )
 
 
 def graph_file(spec: ModelSpec) -> GraphFile:
-    sig = spec.signature
-    return GraphFile(
-        spec.onnx_path, tuple(spec.config.providers), (sig.batch_dim,), (sig.time_dim,)
-    )
+    """What the sessions load: the file, the providers, the names static sessions fix."""
+    axes = spec.axes
+    providers = tuple(spec.config.providers)
+    return GraphFile(spec.onnx_path, providers, axes.batch_names, axes.time_names)
 
 
 def build_model(spec: ModelSpec, strategy: str | None = None) -> Model:
-    """Load `spec`: pad-safety check, then the executor, then bind and warm the keys that the
-    config asks for. `strategy` overrides the config's mode/binding (tests, benchmarks)."""
+    """Load `spec`: its layout, the pad-safety check, then the executor, then bind and warm the
+    keys that the config asks for. `strategy` overrides the config's mode and binding."""
     config = spec.config
-    layout, rules, graph = layout_of(spec), sequence_rules(spec), graph_file(spec)
+    wanted = strategy or (config.binding if config.mode == "bucketing" else "mutable")
+    graph = graph_file(spec)
+    # One session for what load time runs (probes, the check). Session-per-key shares the
+    # memmapped weights, so this one does too (no private copy); otherwise it is the session
+    # the executor keeps.
+    static = wanted == "session-per-key"
+    session = create_session(graph, weights=SharedWeights(graph.path) if static else None)
+    run = functools.partial(run_all, session)
+    layout, rules = layout_of(spec, run), sequence_rules(spec)
     pad_sensitive = (
         config.pad_sensitive
         if config.pad_sensitive is not None
-        else is_pad_sensitive(spec.name, graph, layout, rules)
+        else is_pad_sensitive(spec.name, run, layout, rules)
     )
     batching = config.batching
     plan = BucketPlan(
@@ -100,10 +156,9 @@ def build_model(spec: ModelSpec, strategy: str | None = None) -> Model:
         batching.max_batch_tokens,
         exact_lengths=pad_sensitive,
     )
-    strategy = strategy or (config.binding if config.mode == "bucketing" else "mutable")
-    if pad_sensitive:
-        strategy = "mutable"  # batches of one exact length run at that length: no padding
-    executor = make_executor(strategy, graph, layout, plan)
+    # batches of one exact length run at that length: no padding
+    final = "mutable" if pad_sensitive else wanted
+    executor = make_executor(final, graph, layout, plan, None if static else session)
     tokenizer = (
         load_tokenizer(spec.tokenizer_path, config.tokenizer.max_length)
         if spec.tokenizer_path is not None and config.tokenizer is not None

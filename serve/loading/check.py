@@ -9,18 +9,18 @@ equal length, so its answers stay exact.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
 from serve.layout import Layout
 from serve.model import SequenceRules
-from serve.runtime.sessions import GraphFile, create_session
-from serve.runtime.weights import SharedWeights
 
 log = logging.getLogger(__name__)
 
 TOLERANCE = 1e-4  # masked models differ by ~1e-7 (reduction order); pad leaks are far larger
+
+Run = Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]  # feeds -> every output
 
 
 def random_sequences(
@@ -34,20 +34,17 @@ def random_sequences(
     return [rng.standard_normal((n, rules.feature_dim)).astype(rules.dtype) for n in lengths]
 
 
-def is_pad_sensitive(name: str, graph: GraphFile, layout: Layout, rules: SequenceRules) -> bool:
+def is_pad_sensitive(name: str, run_model: Run, layout: Layout, rules: SequenceRules) -> bool:
     max_length = rules.max_length
     lengths = sorted({min(n, max_length) for n in (1, 3, 5, 8)})
     padded_length = min(max_length, max(lengths) + 8)
     if padded_length == max(lengths) and len(set(lengths)) == 1:
         return False  # a model whose only length is 1 is never padded
-    # Weights from the memmap, so that the check costs no private copy of them.
-    session = create_session(graph, weights=SharedWeights(graph.path))
     names = layout.output_names
     sequences = random_sequences(rules, lengths)
 
     def run(seqs: list[np.ndarray], rows: int, length: int) -> list[dict[str, np.ndarray]]:
-        outs = session.run(names, layout.collate(seqs, rows, length))
-        return layout.split(dict(zip(names, outs, strict=True)), [len(s) for s in seqs])
+        return layout.split(run_model(layout.collate(seqs, rows, length)), [len(s) for s in seqs])
 
     batched = run(sequences, len(sequences) + 1, padded_length)
     for seq, together in zip(sequences, batched, strict=True):

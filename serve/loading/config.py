@@ -29,6 +29,12 @@ class InputConfig(_Strict):
     )
     pad_value: float = Field(default=0, description="tokens/features: value at padded positions")
     fill: float = Field(default=0.0, description="state: the value the state is filled with")
+    batch_axis: int | None = Field(
+        default=None, ge=0, description="the batch axis; default: found from the graph and role"
+    )
+    time_axis: int | None = Field(
+        default=None, ge=0, description="the time axis; default: found from the graph and role"
+    )
 
     @model_validator(mode="after")
     def _tokens_need_vocab(self) -> InputConfig:
@@ -38,7 +44,25 @@ class InputConfig(_Strict):
 
 
 class OutputConfig(_Strict):
-    per_step: bool = Field(default=False, description="[batch, time, ...]: cut to each length")
+    per_step: bool | None = Field(
+        default=None,
+        description="has a time axis, cut to each length; default: found from the graph",
+    )
+    batch_axis: int | None = Field(
+        default=None, ge=0, description="the batch axis; default: found from the graph"
+    )
+    time_axis: int | None = Field(
+        default=None, ge=0, description="the time axis (per-step outputs); with batch_axis"
+    )
+
+    @model_validator(mode="after")
+    def _axes_agree(self) -> OutputConfig:
+        if self.time_axis is not None and self.batch_axis is None:
+            raise ValueError("time_axis needs batch_axis too")
+        known = self.batch_axis is not None and self.per_step is not None
+        if known and self.per_step != (self.time_axis is not None):
+            raise ValueError("per_step = true needs a time_axis, per_step = false none")
+        return self
 
 
 class BatchingConfig(_Strict):

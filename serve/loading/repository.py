@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from serve.errors import ConfigError
+from serve.loading.axes import ModelAxes, resolve_axes
 from serve.loading.config import ModelConfig, load_model_config
 from serve.loading.planner import plan_edges, read_lengths
 from serve.loading.signature import Signature, read_signature
@@ -31,6 +32,7 @@ class ModelSpec:
     config: ModelConfig
     onnx_path: Path
     signature: Signature
+    axes: ModelAxes
     tokenizer_path: Path | None
 
 
@@ -76,9 +78,12 @@ def load_model_spec(model_dir: Path) -> ModelSpec | None:
         if not tokenizer_path.is_file():
             raise ConfigError(f"{config_path}: tokenizer.file: {tokenizer_path} not found")
     signature = read_signature(onnx_path, config)
+    axes = resolve_axes(
+        signature, config, lambda field, message: ConfigError(f"{onnx_path}: {field}: {message}")
+    )
     if config.batching.buckets == "auto":
         config = _fit_buckets(config, model_dir, config_path)
-    return ModelSpec(model_dir.name, version, config, onnx_path, signature, tokenizer_path)
+    return ModelSpec(model_dir.name, version, config, onnx_path, signature, axes, tokenizer_path)
 
 
 def _fit_buckets(config: ModelConfig, model_dir: Path, config_path: Path) -> ModelConfig:

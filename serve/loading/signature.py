@@ -1,7 +1,7 @@
-"""What an ONNX graph declares about its inputs and outputs, checked against a model's config.
+"""What an ONNX graph declares: its inputs and outputs as written, and where its weights live.
 
-Read once at start from the graph alone (weights are not loaded). The bucketing and runtime
-layers take their shapes from here: which axis is the batch, which is time, which dims are fixed.
+Read once at load from the graph alone (weights are not loaded), and checked against the
+config's names. Which axis is the batch and which is time is `axes`'s question.
 """
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ import onnx
 from onnx import helper
 
 from serve.errors import ConfigError
-from serve.layout import InputRole
 from serve.loading.config import ModelConfig
 
-Dim = int | str  # a fixed size, or the name of a free (symbolic) dimension
+Dim = int | str | None  # a fixed size, a free dim's name, or None: a free dim without a name
+LARGE_TENSOR = 1024  # bytes: weights at least this large are worth sharing between sessions
 
 
 @dataclass(frozen=True)
-class TensorSpec:
+class GraphTensor:
     name: str
     dtype: np.dtype
     dims: tuple[Dim, ...]
@@ -29,37 +29,54 @@ class TensorSpec:
 
 @dataclass(frozen=True)
 class Signature:
-    """The graph's tensors plus the names of its batch and time dimensions."""
+    """The graph's inputs and outputs as declared, and where its weights are kept."""
 
-    inputs: dict[str, TensorSpec]
-    outputs: dict[str, TensorSpec]
-    batch_dim: str
-    time_dim: str
+    inputs: dict[str, GraphTensor]
+    outputs: dict[str, GraphTensor]
     external_files: tuple[Path, ...]
-
-    def shape(self, tensor: TensorSpec, rows: int, length: int) -> tuple[int, ...]:
-        """The concrete shape of `tensor` for a batch of `rows` sequences padded to `length`."""
-        sizes = {self.batch_dim: rows, self.time_dim: length}
-        return tuple(d if isinstance(d, int) else sizes[d] for d in tensor.dims)
+    inline_weight_bytes: int  # large weights kept inside model.onnx (initializers, constants)
 
 
-def _tensor(value: onnx.ValueInfoProto) -> TensorSpec:
+def _tensor(value: onnx.ValueInfoProto) -> GraphTensor:
     ttype = value.type.tensor_type
     dims: list[Dim] = []
-    for i, d in enumerate(ttype.shape.dim):
+    for d in ttype.shape.dim:
         if d.HasField("dim_value"):
             dims.append(int(d.dim_value))
-        elif d.dim_param:
-            dims.append(d.dim_param)
         else:
-            dims.append(f"{value.name}:{i}")  # anonymous free dim; never the batch or time dim
-    return TensorSpec(
+            dims.append(d.dim_param or None)
+    return GraphTensor(
         value.name, np.dtype(helper.tensor_dtype_to_np_dtype(ttype.elem_type)), tuple(dims)
     )
 
 
+def tensor_bytes(tensor: onnx.TensorProto) -> int:
+    """The size of a tensor's data, whichever field holds it."""
+    itemsize = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
+    return int(np.prod(tensor.dims, dtype=np.int64)) * itemsize
+
+
+def inline_weights(graph: onnx.GraphProto) -> list[onnx.TensorProto]:
+    """Large tensors kept inside the graph: initializers without external data, and the
+    values of Constant nodes (some exporters keep weights there)."""
+    found = [
+        t
+        for t in graph.initializer
+        if t.data_location != onnx.TensorProto.EXTERNAL and tensor_bytes(t) >= LARGE_TENSOR
+    ]
+    for node in graph.node:
+        if node.op_type == "Constant":
+            found += [
+                a.t
+                for a in node.attribute
+                if a.name == "value" and tensor_bytes(a.t) >= LARGE_TENSOR
+            ]
+    return found
+
+
 def read_signature(onnx_path: Path, config: ModelConfig) -> Signature:
-    """Read the graph's signature and check it agrees with `config`; errors name file and field."""
+    """Read the graph's signature and check its names agree with `config`; errors name the
+    file, the field and the fix."""
     try:
         proto = onnx.load(str(onnx_path), load_external_data=False)
     except FileNotFoundError:
@@ -76,61 +93,20 @@ def read_signature(onnx_path: Path, config: ModelConfig) -> Signature:
 
     for name in config.inputs:
         if name not in inputs:
-            raise fail(f"inputs.{name}", f"the graph has no such input (it has {sorted(inputs)})")
+            raise fail(
+                f"inputs.{name}",
+                f"the graph has no such input (it has {sorted(inputs)}): rename the section",
+            )
     for name in inputs:
         if name not in config.inputs:
-            raise fail("inputs", f"graph input '{name}' has no role in config.toml")
+            raise fail(
+                "inputs", f"graph input '{name}' has no role in config.toml: add [inputs.{name}]"
+            )
     for name in config.outputs:
         if name not in outputs:
             raise fail(
-                f"outputs.{name}", f"the graph has no such output (it has {sorted(outputs)})"
-            )
-
-    seq_name = config.sequence_input
-    seq = inputs[seq_name]
-    role = config.inputs[seq_name].role
-    rank = 2 if role is InputRole.TOKENS else 3
-    if len(seq.dims) != rank or any(isinstance(d, int) for d in seq.dims[:2]):
-        raise fail(
-            f"inputs.{seq_name}",
-            f"a {role.value} input must have shape [batch, time"
-            + (", dim]" if rank == 3 else "]")
-            + f" with free batch and time dims; got {list(seq.dims)}",
-        )
-    if role is InputRole.FEATURES and not isinstance(seq.dims[2], int):
-        raise fail(f"inputs.{seq_name}", "the feature dimension must be fixed")
-    batch_dim, time_dim = str(seq.dims[0]), str(seq.dims[1])
-
-    expected = {
-        InputRole.MASK: (batch_dim, time_dim),
-        InputRole.TOKEN_TYPES: (batch_dim, time_dim),
-        InputRole.LENGTHS: (batch_dim,),
-    }
-    for name, spec in config.inputs.items():
-        dims = inputs[name].dims
-        if spec.role in expected and dims != expected[spec.role]:
-            raise fail(
-                f"inputs.{name}",
-                f"a {spec.role.value} input must have dims "
-                f"{list(expected[spec.role])}; got {list(dims)}",
-            )
-        if spec.role is InputRole.STATE and (
-            dims.count(batch_dim) != 1 or any(isinstance(d, str) and d != batch_dim for d in dims)
-        ):
-            raise fail(
-                f"inputs.{name}",
-                f"a state input must have one '{batch_dim}' dim and "
-                f"fixed sizes otherwise; got {list(dims)}",
-            )
-
-    for name, out in config.outputs.items():
-        dims = outputs[name].dims
-        lead = (batch_dim, time_dim) if out.per_step else (batch_dim,)
-        if dims[: len(lead)] != lead or any(not isinstance(d, int) for d in dims[len(lead) :]):
-            raise fail(
                 f"outputs.{name}",
-                f"expected dims {list(lead)} followed by fixed sizes "
-                f"(per_step = {str(out.per_step).lower()}); got {list(dims)}",
+                f"the graph has no such output (it has {sorted(outputs)}): rename the section",
             )
 
     files = sorted(
@@ -144,5 +120,6 @@ def read_signature(onnx_path: Path, config: ModelConfig) -> Signature:
     )
     for f in files:
         if not f.is_file():
-            raise fail("external data", f"weights file {f.name} is missing")
-    return Signature(inputs, outputs, batch_dim, time_dim, tuple(files))
+            raise fail("external data", f"weights file {f.name} is missing: copy it beside it")
+    inline = sum(tensor_bytes(t) for t in inline_weights(graph))
+    return Signature(inputs, outputs, tuple(files), inline)

@@ -13,9 +13,11 @@ import logging
 import math
 import os
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import onnxruntime as ort
 
 from serve.runtime.weights import SharedWeights
@@ -116,3 +118,11 @@ def create_session(
         # onnxruntime-gpu without a usable GPU falls back to CPU with only a log line of its own.
         log.warning("%s: asked for %s, running on %s", graph.path, providers[0], in_use[0])
     return session
+
+
+def run_all(
+    session: ort.InferenceSession, feeds: Mapping[str, np.ndarray]
+) -> dict[str, np.ndarray]:
+    """Every output of one plain run: load-time probes and checks (serving binds buffers)."""
+    names = [o.name for o in session.get_outputs()]
+    return dict(zip(names, session.run(names, dict(feeds)), strict=True))

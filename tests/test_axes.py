@@ -1,0 +1,152 @@
+"""Batch and time axes without renaming anything: by dim name where names match, by role for
+inputs, by running the model for outputs whose names say nothing, or as the config names them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from modelgen import graphs, zoo
+from modelgen.save import save_model
+from serve.errors import ConfigError
+from serve.layout import Tensor
+from serve.loading import build_model, load_model_spec
+from serve.loading.axes import Axes, probe_outputs, probe_shapes
+from serve.loading.check import random_sequences
+from tests.helpers import MODELS, Reference, spec_of, write_model
+from tests.zoo import ZOO, add_to
+
+
+def test_names_settle_the_bundled_models_without_running_them() -> None:
+    spec = load_model_spec(MODELS / "tiny-lstm")
+    assert spec is not None
+    axes = spec.axes
+    assert axes.inputs == {
+        "features": Axes(0, 1),
+        "lengths": Axes(0),
+        "h0": Axes(1),  # [1, batch, hidden]: found by the name it shares with features
+        "c0": Axes(1),
+    }
+    assert axes.outputs == {"tags": Axes(0, 1), "final_state": Axes(0)}
+    assert axes.unresolved == []
+    assert (axes.batch_names, axes.time_names) == (("batch",), ("seq",))
+
+
+def test_generated_names_are_found_by_running_the_model(tmp_models: Path) -> None:
+    """tf2onnx names the input [unk__1915, unk__1916] and the output [unk__1917, unk__1918, 9]."""
+    spec = spec_of(add_to(tmp_models, "keras-bilstm").parent, "keras-bilstm")
+    assert spec.axes.inputs == {"input_1": Axes(0, 1)}
+    assert spec.axes.unresolved == ["dense"]
+
+    model = build_model(spec)
+
+    assert model.info.layout.output("dense") == Tensor(
+        "dense", np.dtype(np.float32), (None, None, 9), batch_axis=0, time_axis=1
+    )
+    sequences = [np.arange(1, n + 1, dtype=np.int32) * 7 % 799 + 1 for n in (3, 9, 17, 40)]
+    reference = Reference(spec)
+    for seq, answer in zip(sequences, model.predict(sequences), strict=True):
+        assert answer["dense"].shape == (len(seq), 9)
+        np.testing.assert_allclose(answer["dense"], reference(seq)["dense"], atol=1e-5)
+
+
+def test_time_major_anonymous_dims_named_by_the_config(tmp_models: Path) -> None:
+    """Every dim anonymous; the config says the input is [time, batch, features]; the outputs'
+    axes come from running the model: frame logits time-major, the utterance vector not."""
+    spec = spec_of(add_to(tmp_models, "frames").parent, "frames")
+    assert spec.axes.inputs == {"frames": Axes(batch=1, time=0)}
+
+    model = build_model(spec)
+
+    layout = model.info.layout
+    assert layout.output("frame_logits").batch_axis == 1
+    assert layout.output("frame_logits").time_axis == 0
+    assert layout.output("utterance") == Tensor(
+        "utterance", np.dtype(np.float32), (None, 4), batch_axis=0
+    )
+    sequences = random_sequences(model.info.rules, [2, 7, 7, 30], seed=1)
+    reference = Reference(spec)
+    for seq, answer in zip(sequences, model.predict(sequences), strict=True):
+        assert answer["frame_logits"].shape == (len(seq), 4)
+        for name, value in reference(seq).items():
+            np.testing.assert_allclose(answer[name], value, atol=1e-5)
+
+
+def test_probe_points_keep_rows_and_lengths_apart() -> None:
+    assert probe_shapes(256) == ((2, 5), (3, 7))
+    for longest in (2, 3, 4, 6):
+        (rows_a, len_a), (rows_b, len_b) = probe_shapes(longest)
+        assert len_a != len_b
+        assert rows_a != rows_b
+        assert not {rows_a, rows_b} & {len_a, len_b}
+        assert max(len_a, len_b) <= longest
+
+
+def test_an_output_that_follows_neither_rows_nor_length_is_refused(tmp_models: Path) -> None:
+    spec = spec_of(add_to(tmp_models, "keras-bilstm").parent, "keras-bilstm")
+    points = ((2, 5), (3, 7))
+    shapes = ({"dense": (2, 10, 9)}, {"dense": (3, 14, 9)})  # twice the length
+    with pytest.raises(ConfigError, match=r"outputs\.dense: its shape is \[2, 10, 9\]"):
+        probe_outputs(["dense"], points, shapes, spec.config, lambda f, m: ConfigError(f"{f}: {m}"))
+
+
+def test_per_step_must_agree_with_the_axes_found(tmp_models: Path) -> None:
+    folder = add_to(tmp_models, "keras-bilstm")
+    config = (folder / "config.toml").read_text()
+    (folder / "config.toml").write_text(
+        config.replace("[outputs.dense]", "[outputs.dense]\nper_step = false")
+    )
+    with pytest.raises(ConfigError, match=r"outputs\.dense: per_step = false, but dim 1"):
+        build_model(spec_of(tmp_models, "keras-bilstm"))
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        (
+            ("time_axis = 0\n", "time_axis = 2\n"),
+            r"inputs\.frames: dim 2 of \[\?, \?, 12\] is fixed at 12, but it is the batch or time",
+        ),
+        (("batch_axis = 1\n", "batch_axis = 5\n"), r"inputs\.frames: axes \(5, 0\) do not fit"),
+        (
+            ("[outputs.utterance]\n", "[outputs.utterance]\nbatch_axis = 0\ntime_axis = 1\n"),
+            r"outputs\.utterance: dim 1 of \[\?, 4\] is fixed at 4",
+        ),
+    ],
+)
+def test_axes_named_wrongly_in_the_config(
+    tmp_models: Path, change: tuple[str, str], says: str
+) -> None:
+    folder = add_to(tmp_models, "frames")
+    config = ZOO["frames"].config
+    assert change[0] in config
+    (folder / "config.toml").write_text(config.replace(*change, 1))
+    with pytest.raises(ConfigError, match=says):
+        load_model_spec(folder)
+
+
+def test_a_state_batch_is_its_one_free_dim_or_named_in_the_config(tmp_models: Path) -> None:
+    config = (MODELS / "tiny-lstm" / "config.toml").read_text().replace('build = "tiny-lstm"', "")
+    model = graphs.lstm_tagger()
+    h0 = next(v for v in model.graph.input if v.name == "h0").type.tensor_type.shape.dim
+    h0[1].Clear()  # [1, batch, 32] -> [1, ?, 32]: its one free dim
+    spec = load_model_spec(write_model(tmp_models, "one-free", model, config))
+    assert spec is not None
+    assert spec.axes.inputs["h0"] == Axes(1)
+
+    h0[0].Clear()  # [?, ?, 32]: which is the batch?
+    folder = write_model(tmp_models, "two-free", model, config)
+    with pytest.raises(ConfigError, match=r"inputs\.h0: which dim of \[\?, \?, 32\] is the batch"):
+        load_model_spec(folder)
+
+
+def test_a_fixed_batch_dim_says_how_to_fix_it(tmp_models: Path) -> None:
+    model = zoo.bilstm_tagger()
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 1
+    folder = tmp_models / "fixed"
+    save_model(model, folder / "1" / "model.onnx")
+    (folder / "config.toml").write_text(ZOO["unmasked-bilstm"].config)
+    with pytest.raises(ConfigError, match="export the model with dynamic batch and time axes"):
+        load_model_spec(folder)
