@@ -48,7 +48,7 @@ class BatchObserver(Protocol):
     def batch_done(
         self,
         model: str,
-        key: BucketKey,
+        bucket: int,
         lengths: Sequence[int],
         shape: tuple[int, int],
         queue_s: Sequence[float],
@@ -226,7 +226,7 @@ class Batcher:
                     item.future.set_result(out)
             self._observer.batch_done(
                 self.model.name,
-                key,
+                self.model.plan.bucket_of(key.length),  # a configured edge, whatever the key
                 lengths,
                 self.model.batch_shape(key, lengths),
                 [start - item.enqueued for item in items],

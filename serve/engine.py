@@ -71,6 +71,10 @@ class Engine:
             batcher = Batcher(model, delay, metrics, instances=self.instances)
             self.batchers[name] = batcher
             metrics.watch_bound_keys(name, model.executor.bound_key_count)
+            info = model.info
+            metrics.model_loaded(
+                name, info.version, model.strategy, info.plan.policy.value, info.invariance
+            )
             self._tasks.append(asyncio.create_task(batcher.run(), name=f"batcher-{name}"))
 
     async def stop(self) -> None:

@@ -1,7 +1,9 @@
 """Prometheus metrics: one object records everything, so no endpoint keeps a copy of the logic.
 
 HTTP requests are recorded by the request-context middleware; batches, drops and queue depth
-by the batcher through the `BatchObserver` methods; rejections by admission.
+by the batcher through the `BatchObserver` methods; rejections by admission; what load found
+about each model (its policy and the invariance check's figures) by the engine at start.
+Label values are bounded: `bucket` is always one of a model's configured edges.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from collections.abc import Callable, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from serve.bucketing import BucketKey
+from serve.bucketing import Invariance
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 128)
@@ -96,6 +98,24 @@ class Metrics:
             buckets=LENGTH_BUCKETS,
             registry=r,
         )
+        self.model_info = Gauge(
+            "bucketserve_model_info",
+            "each served model, with its effective strategy and batching policy (always 1)",
+            ["model", "version", "strategy", "policy"],
+            registry=r,
+        )
+        self.batching_difference = Gauge(
+            "bucketserve_batching_difference",
+            "the invariance check's worst |batched - alone| / (1 + |alone|), by what was tried",
+            ["model", "check"],
+            registry=r,
+        )
+        self.batching_tolerance = Gauge(
+            "bucketserve_batching_tolerance",
+            "the most batching may move an answer before the policy tightens",
+            ["model"],
+            registry=r,
+        )
         self._tokens: dict[tuple[str, str], list[int]] = {}
 
     def render(self) -> bytes:
@@ -110,28 +130,36 @@ class Metrics:
         for length in lengths:
             histogram.observe(length)
 
+    def model_loaded(
+        self, model: str, version: int, strategy: str, policy: str, invariance: Invariance
+    ) -> None:
+        self.model_info.labels(model, str(version), strategy, policy).set(1)
+        self.batching_difference.labels(model, "padding").set(invariance.padding)
+        self.batching_difference.labels(model, "batching").set(invariance.batching)
+        self.batching_tolerance.labels(model).set(invariance.tolerance)
+
     def batch_done(
         self,
         model: str,
-        key: BucketKey,
+        bucket: int,
         lengths: Sequence[int],
         shape: tuple[int, int],
         queue_s: Sequence[float],
         compute_s: float,
     ) -> None:
-        bucket = str(key.length)
-        waits = self.queue_seconds.labels(model, bucket)
+        label = str(bucket)
+        waits = self.queue_seconds.labels(model, label)
         for seconds in queue_s:
             waits.observe(seconds)
-        self.compute_seconds.labels(model, bucket).observe(compute_s)
-        self.batch_size.labels(model, bucket).observe(len(lengths))
+        self.compute_seconds.labels(model, label).observe(compute_s)
+        self.batch_size.labels(model, label).observe(len(lengths))
         computed, real = shape[0] * shape[1], sum(lengths)
-        self.computed_tokens.labels(model, bucket).inc(computed)
-        self.padded_tokens.labels(model, bucket).inc(computed - real)
-        totals = self._tokens.setdefault((model, bucket), [0, 0])
+        self.computed_tokens.labels(model, label).inc(computed)
+        self.padded_tokens.labels(model, label).inc(computed - real)
+        totals = self._tokens.setdefault((model, label), [0, 0])
         totals[0] += computed
         totals[1] += computed - real
-        self.padding_ratio.labels(model, bucket).set(totals[1] / totals[0])
+        self.padding_ratio.labels(model, label).set(totals[1] / totals[0])
 
     def dropped(self, model: str, reason: str, count: int) -> None:
         self.dropped_total.labels(model, reason).inc(count)

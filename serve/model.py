@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from serve.bucketing import BucketKey, BucketPlan
+from serve.bucketing import BucketKey, BucketPlan, Invariance
 from serve.errors import InvalidInput
 from serve.layout import Layout
 
@@ -51,6 +51,7 @@ class SequenceRules:
     max_length: int
     vocab_size: int | None = None  # tokens: ids lie in [0, vocab_size)
     feature_dim: int | None = None  # features: numbers per step
+    reserved_ids: tuple[int, ...] = ()  # tokens: ids that may not appear inside a sequence
 
     @property
     def tokens(self) -> bool:
@@ -97,7 +98,7 @@ class ModelInfo:
     rules: SequenceRules
     max_queue_delay_s: float
     queue_capacity: int
-    pad_sensitive: bool
+    invariance: Invariance  # what batching was measured to do to the answers
     served_config: Mapping[str, Any]  # the config route's body: the config as served
 
 
@@ -114,10 +115,6 @@ class Model:
     @property
     def strategy(self) -> str:
         return self.executor.strategy
-
-    @property
-    def pad_sensitive(self) -> bool:
-        return self.info.pad_sensitive
 
     def prepare(self, key: BucketKey) -> None:
         """Bind `key` ahead of its first batch (MXNet's `prepare`) and warm it with pad rows."""

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from serve.bucketing import BucketKey, BucketPlan
+from serve.bucketing import BucketKey, BucketPlan, Invariance
 from serve.layout import Input, InputRole, Layout, Tensor
 from serve.model import Model, ModelInfo, SequenceRules
 
@@ -91,7 +91,7 @@ def fake_model(
         rules=SequenceRules(dtype=IDS, max_length=edges[-1], vocab_size=1000),
         max_queue_delay_s=max_queue_delay_ms / 1000,
         queue_capacity=queue_capacity,
-        pad_sensitive=False,
+        invariance=Invariance(padding=0.0, batching=0.0, tolerance=1e-4),
         served_config={"name": name, "version": "1", "strategy": "fake"},
     )
     executor = FakeExecutor()

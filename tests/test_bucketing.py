@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from serve.bucketing import BucketKey, BucketPlan
+from serve.bucketing import BucketKey, BucketPlan, Invariance, Policy
 from serve.errors import InvalidInput
 
 PLAN = BucketPlan(edges=(8, 16, 32, 64), max_batch_size=8, max_batch_tokens=256)
@@ -43,10 +43,41 @@ def test_capacity_is_min_of_batch_size_and_token_budget() -> None:
     ]
 
 
-def test_exact_lengths_plan_keys_every_length() -> None:
-    exact = BucketPlan(edges=(4, 8), max_batch_size=4, max_batch_tokens=64, exact_lengths=True)
+def test_exact_length_plan_keys_every_length() -> None:
+    exact = BucketPlan((4, 8), max_batch_size=4, max_batch_tokens=64, policy=Policy.EXACT_LENGTH)
     assert exact.key_for(3) == BucketKey(4, 3)
     assert [k.length for k in exact.all_keys()] == list(range(1, 9))
+    assert exact.bucket_of(3) == 4  # what metrics label its batches with
+    assert exact.bucket_of(5) == 8
+
+
+def test_single_plan_runs_one_sequence_per_key() -> None:
+    single = BucketPlan((4, 8), max_batch_size=4, max_batch_tokens=64, policy=Policy.SINGLE)
+    assert single.key_for(3) == BucketKey(1, 4)
+    assert single.all_keys() == [BucketKey(1, 4), BucketKey(1, 8)]
+    assert list(single.batches([3, 2, 7])) == [
+        (BucketKey(1, 4), [0]),
+        (BucketKey(1, 4), [1]),
+        (BucketKey(1, 8), [2]),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("padding", "batching", "policy"),
+    [
+        (0.0, 0.0, Policy.BUCKETS),
+        (1e-4, 1e-4, Policy.BUCKETS),  # within the tolerance
+        (0.03, 0.0, Policy.EXACT_LENGTH),
+        (0.0, 0.49, Policy.SINGLE),
+        (0.5, 0.49, Policy.SINGLE),
+        (float("nan"), 0.0, Policy.EXACT_LENGTH),  # a NaN is within no tolerance
+        (0.0, float("inf"), Policy.SINGLE),  # a batch the model cannot run
+    ],
+)
+def test_policy_from_the_measured_invariance(
+    padding: float, batching: float, policy: Policy
+) -> None:
+    assert Invariance(padding, batching, tolerance=1e-4).policy is policy
 
 
 def test_batches_group_by_key_in_order_and_cut_at_capacity() -> None:

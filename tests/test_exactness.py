@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from serve.bucketing import Policy
 from serve.loading import ModelSpec, build_model
 from serve.loading.builder import sequence_rules
 from serve.loading.check import random_sequences
@@ -26,7 +27,7 @@ def test_batched_equals_alone(
     )
     model = build_model(spec, strategy)
     assert model.strategy == strategy
-    assert not model.pad_sensitive
+    assert model.plan.policy is Policy.BUCKETS
 
     answers = model.predict(sequences)
 

@@ -1,8 +1,9 @@
 """The builder: a model spec becomes a ready model, and a repository an engine.
 
 spec -> a load-time session -> layout (outputs' axes probed where names do not settle them)
-and rules (what the request path reads) -> the pad-safety check -> the bucket plan -> an
-executor over the graph -> the keys the config asks for bound and warm -> `Model`.
+and rules (what the request path reads) -> the invariance check and the policy it allows ->
+the bucket plan -> an executor over the graph -> the keys the config asks for bound and warm
+-> `Model`.
 `load_engine` does it for every model of a repository, after sizing ONNX Runtime's threads.
 """
 
@@ -16,13 +17,14 @@ from pathlib import Path
 from pydantic import ValidationError
 from tokenizers import Tokenizer
 
-from serve.bucketing import BucketPlan
+from serve.bucketing import BucketPlan, Policy
 from serve.engine import Engine
 from serve.errors import ConfigError
 from serve.layout import Input, InputRole, Layout, Tensor
 from serve.loading.axes import Axes, probe_outputs, probe_shapes
-from serve.loading.check import Run, is_pad_sensitive, random_sequences
+from serve.loading.check import Run, measure, random_sequences
 from serve.loading.config import BatchingConfig
+from serve.loading.report import log_verdict, served_config
 from serve.loading.repository import ModelSpec, load_repository
 from serve.loading.signature import GraphTensor
 from serve.model import Model, ModelInfo, SequenceRules
@@ -132,9 +134,10 @@ def graph_file(spec: ModelSpec) -> GraphFile:
 
 
 def build_model(spec: ModelSpec, strategy: str | None = None) -> Model:
-    """Load `spec`: its layout, the pad-safety check, then the executor, then bind and warm the
-    keys that the config asks for. `strategy` overrides the config's mode and binding."""
-    config = spec.config
+    """Load `spec`: its layout, the invariance check and the policy it allows, the executor,
+    then bind and warm the keys that the config asks for. `strategy` overrides the config's
+    mode and binding (tests, benchmarks)."""
+    config, batching = spec.config, spec.config.batching
     wanted = strategy or (config.binding if config.mode == "bucketing" else "mutable")
     graph = graph_file(spec)
     # One session for what load time runs (probes, the check). Session-per-key shares the
@@ -144,20 +147,17 @@ def build_model(spec: ModelSpec, strategy: str | None = None) -> Model:
     session = create_session(graph, weights=SharedWeights(graph.path) if static else None)
     run = functools.partial(run_all, session)
     layout, rules = layout_of(spec, run), sequence_rules(spec)
-    pad_sensitive = (
-        config.pad_sensitive
-        if config.pad_sensitive is not None
-        else is_pad_sensitive(spec.name, run, layout, rules)
+    invariance, failures = measure(
+        spec.name, run, layout, rules, batching.edges, batching.tolerance
     )
-    batching = config.batching
+    policy = invariance.policy if batching.policy == "auto" else Policy(batching.policy)
+    log_verdict(spec.name, invariance, policy, batching.policy, failures)
     plan = BucketPlan(
-        tuple(batching.edges),
-        batching.max_batch_size,
-        batching.max_batch_tokens,
-        exact_lengths=pad_sensitive,
+        tuple(batching.edges), batching.max_batch_size, batching.max_batch_tokens, policy
     )
-    # batches of one exact length run at that length: no padding
-    final = "mutable" if pad_sensitive else wanted
+    # Unpadded batches (equal lengths, or one sequence) run at their own shape: one session
+    # with buffers at the largest, whatever the config asked for.
+    final = wanted if policy is Policy.BUCKETS else "mutable"
     executor = make_executor(final, graph, layout, plan, None if static else session)
     tokenizer = (
         load_tokenizer(spec.tokenizer_path, config.tokenizer.max_length)
@@ -172,27 +172,22 @@ def build_model(spec: ModelSpec, strategy: str | None = None) -> Model:
         rules=rules,
         max_queue_delay_s=batching.max_queue_delay_ms / 1000,
         queue_capacity=batching.queue_capacity,
-        pad_sensitive=pad_sensitive,
-        served_config={
-            "name": spec.name,
-            "version": str(spec.version),
-            "strategy": executor.strategy,
-            "pad_sensitive": pad_sensitive,
-            **config.model_dump(mode="json"),
-        },
+        invariance=invariance,
+        served_config=served_config(  # (the providers in use: the load session's are the same)
+            spec, layout, executor.strategy, session.get_providers(), invariance, policy, failures
+        ),
     )
     model = Model(info, executor, tokenizer)
-    keys = plan.all_keys() if batching.prepare == "all" and not pad_sensitive else []
+    keys = plan.all_keys() if batching.prepare == "all" and policy is Policy.BUCKETS else []
     for key in [plan.default_key, *keys]:
         model.prepare(key)
     log.info(
-        "model %s v%d: %s, keys %s bound, providers %s%s",
+        "model %s v%d: %s, keys %s bound, providers %s",
         spec.name,
         spec.version,
         executor.strategy,
         ", ".join(map(str, sorted(executor.bound_keys))),
         executor.providers,
-        ", pad-sensitive" if pad_sensitive else "",
     )
     return model
 

@@ -1,56 +1,138 @@
-"""Pad-safety self-check, run at load: does padding change a model's valid outputs?
+"""The invariance check, run at load: what do padding and batching do to a model's answers?
 
-A few random sequences are run alone, unpadded, and again together in one batch padded to a
-longer length with a pad row. A model whose valid outputs move (an unmasked pooling, an RNN
-without `sequence_lens`) is pad-sensitive: it is then served by grouping sequences of exactly
-equal length, so its answers stay exact.
+Two measurements, each over a few random batches of sequences that avoid reserved ids, each
+the worst difference from the model run on every sequence alone, unpadded:
+
+- padding: sequences of different lengths in one batch, padded to a longer length, with a pad
+  row (what a bucket does). An unmasked pooling or an RNN without `sequence_lens` moves here.
+- batching: sequences of one length in one batch, no padding at all. A model whose rows
+  change each other (int8 dynamic quantisation takes its scale from the whole batch) moves.
+
+From the two, the serving policy (`Invariance.policy`): length buckets when neither moves,
+exact-length groups when only padding does, one sequence per run when batching does. Either
+way every answer stays within the tolerance of the model run alone.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
+from serve.bucketing import Invariance
+from serve.errors import ConfigError
 from serve.layout import Layout
 from serve.model import SequenceRules
 
-log = logging.getLogger(__name__)
-
-TOLERANCE = 1e-4  # masked models differ by ~1e-7 (reduction order); pad leaks are far larger
-
 Run = Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]  # feeds -> every output
+
+ROWS = (2, 3, 4)  # one round of the check per entry: that many sequences of one length
+LONGEST_PROBE = 24  # probe sequences are short: the check costs little at load
 
 
 def random_sequences(
     rules: SequenceRules, lengths: Sequence[int], seed: int = 0
 ) -> list[np.ndarray]:
-    """Random valid sequences for a model, one per length."""
+    """Random valid sequences for a model, one per length (token ids avoid reserved ids)."""
     rng = np.random.default_rng(seed)
-    if rules.vocab_size is not None:
-        return [rng.integers(0, rules.vocab_size, n).astype(rules.dtype) for n in lengths]
-    assert rules.feature_dim is not None
-    return [rng.standard_normal((n, rules.feature_dim)).astype(rules.dtype) for n in lengths]
+    if rules.vocab_size is None:
+        assert rules.feature_dim is not None
+        return [rng.standard_normal((n, rules.feature_dim)).astype(rules.dtype) for n in lengths]
+    allowed = np.setdiff1d(np.arange(rules.vocab_size), rules.reserved_ids)
+    return [rng.choice(allowed, n).astype(rules.dtype) for n in lengths]
 
 
-def is_pad_sensitive(name: str, run_model: Run, layout: Layout, rules: SequenceRules) -> bool:
-    max_length = rules.max_length
-    lengths = sorted({min(n, max_length) for n in (1, 3, 5, 8)})
-    padded_length = min(max_length, max(lengths) + 8)
-    if padded_length == max(lengths) and len(set(lengths)) == 1:
-        return False  # a model whose only length is 1 is never padded
-    names = layout.output_names
-    sequences = random_sequences(rules, lengths)
+def difference(together: np.ndarray, alone: np.ndarray) -> float:
+    """max |together - alone| / (1 + |alone|): absolute near zero, relative for large values
+    (np.allclose with rtol = atol). Two NaNs agree; a NaN and a number do not."""
+    a, b = alone.astype(np.float64), together.astype(np.float64)
+    if a.shape != b.shape:
+        return float("inf")
+    gap = np.abs(b - a) / (1 + np.abs(a))
+    gap[np.isnan(a) & np.isnan(b)] = 0.0
+    return float(np.nan_to_num(gap, nan=np.inf).max(initial=0.0))
 
-    def run(seqs: list[np.ndarray], rows: int, length: int) -> list[dict[str, np.ndarray]]:
-        return layout.split(run_model(layout.collate(seqs, rows, length)), [len(s) for s in seqs])
 
-    batched = run(sequences, len(sequences) + 1, padded_length)
-    for seq, together in zip(sequences, batched, strict=True):
-        (alone,) = run([seq], 1, len(seq))
-        for output in names:
-            if not np.allclose(alone[output], together[output], rtol=TOLERANCE, atol=TOLERANCE):
-                log.warning("model %s: output %s changes with padding: pad-sensitive", name, output)
-                return True
-    return False
+class _Runs:
+    """The model's runs for the check: each sequence alone is run once and remembered."""
+
+    def __init__(self, name: str, run: Run, layout: Layout) -> None:
+        self.name, self.run, self.layout = name, run, layout
+        self.failures: list[str] = []
+        self._alone: dict[int, tuple[np.ndarray, dict[str, np.ndarray]]] = {}
+
+    def batch(
+        self, sequences: list[np.ndarray], rows: int, length: int
+    ) -> list[dict[str, np.ndarray]]:
+        outputs = self.run(self.layout.collate(sequences, rows, length))
+        return self.layout.split(outputs, [len(s) for s in sequences])
+
+    def alone(self, sequence: np.ndarray) -> dict[str, np.ndarray]:
+        key = id(sequence)
+        if key in self._alone:
+            return self._alone[key][1]
+        try:
+            (answer,) = self.batch([sequence], 1, len(sequence))
+        except Exception as exc:  # ONNX Runtime raises its own types
+            raise ConfigError(
+                f"model {self.name}: fails on one random valid sequence of length "
+                f"{len(sequence)} ({exc}): check the config's vocab_size and input roles"
+            ) from None
+        self._alone[key] = (sequence, answer)  # the sequence kept alive: its id stays its own
+        return answer
+
+    def worst(self, sequences: list[np.ndarray], rows: int, length: int, what: str) -> float:
+        """The worst difference of `sequences` run together from each run alone."""
+        try:
+            together = self.batch(sequences, rows, length)
+        except Exception as exc:  # a batch the model cannot run is one it cannot be served
+            self.failures.append(f"{what} ({rows} x {length}) failed: {exc}")
+            return float("inf")
+        return max(
+            difference(t[name], a[name])
+            for seq, t in zip(sequences, together, strict=True)
+            for a in [self.alone(seq)]
+            for name in a
+        )
+
+
+def measure(
+    name: str,
+    run: Run,
+    layout: Layout,
+    rules: SequenceRules,
+    edges: Sequence[int],
+    tolerance: float,
+) -> tuple[Invariance, list[str]]:
+    """What padding and batching do to the model, and any batch it could not run at all.
+
+    Each round's sequences, of one length, are run alone, together unpadded (batching), and
+    together padded to their bucket's edge or further with a pad row (padding); one sequence
+    of every round then makes a padded batch of mixed lengths. 16 runs in all.
+    """
+    runs = _Runs(name, run, layout)
+    rng = np.random.default_rng(0)
+    longest = max(1, min(rules.max_length - 1, LONGEST_PROBE))
+
+    def padded_to(length: int) -> int:
+        edge = edges[int(np.searchsorted(edges, length))]
+        return max(edge, min(rules.max_length, length + 8))
+
+    padding = batching = 0.0
+    mixed: list[np.ndarray] = []
+    for seed, rows in enumerate(ROWS):
+        length = int(rng.integers(1, longest + 1))
+        sequences = random_sequences(rules, [length] * rows, seed)
+        batching = max(batching, runs.worst(sequences, rows, length, "an unpadded batch"))
+        if padded_to(length) > length:
+            padding = max(
+                padding, runs.worst(sequences, rows + 1, padded_to(length), "a padded batch")
+            )
+        mixed.append(sequences[0])
+    longest_mixed = max(len(s) for s in mixed)
+    if padded_to(longest_mixed) > min(len(s) for s in mixed):
+        padding = max(
+            padding,
+            runs.worst(mixed, len(mixed) + 1, padded_to(longest_mixed), "a padded batch"),
+        )
+    return Invariance(padding, batching, tolerance), runs.failures

@@ -10,7 +10,7 @@ from __future__ import annotations
 import tomllib
 from itertools import pairwise
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -82,6 +82,16 @@ class BatchingConfig(_Strict):
     prepare: Literal["default", "all"] = Field(
         default="default", description="keys bound at load: the default key only, or all keys"
     )
+    policy: Literal["auto", "buckets", "exact-length", "single"] = Field(
+        default="auto",
+        description="auto: chosen by the invariance check at load; or set it: buckets, "
+        "exact-length (equal lengths only, unpadded) or single (one sequence per run)",
+    )
+    tolerance: float = Field(
+        default=1e-4,
+        gt=0,
+        description="the most batching may move an answer: |batched - alone| / (1 + |alone|)",
+    )
 
     @field_validator("buckets")
     @classmethod
@@ -135,9 +145,6 @@ class ModelConfig(_Strict):
     mode: Literal["bucketing", "mutable"] = "bucketing"
     binding: Literal["shared-session", "session-per-key"] = "shared-session"
     providers: list[str] = Field(default=["CPUExecutionProvider"], min_length=1)
-    pad_sensitive: bool | None = Field(
-        default=None, description="None: decided at load by the pad-safety self-check"
-    )
     inputs: dict[str, InputConfig] = Field(min_length=1)
     outputs: dict[str, OutputConfig] = Field(min_length=1)
     batching: BatchingConfig
@@ -145,6 +152,16 @@ class ModelConfig(_Strict):
     build: str | None = Field(
         default=None, description="`bucketserve models build` recipe that makes this model's files"
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "pad_sensitive" in data:
+            raise ValueError(
+                "pad_sensitive is now measured at load; to set it yourself, write "
+                "batching.policy = 'exact-length' (for true) or 'auto'"
+            )
+        return data
 
     @model_validator(mode="after")
     def _roles(self) -> ModelConfig:

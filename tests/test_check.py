@@ -1,0 +1,191 @@
+"""The invariance check: what padding and batching do to each model, measured at load; the
+serving policy it allows; the config's override and tolerance; the verdict in the log, on the
+config route and in the metrics."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from modelgen.save import save_model
+from serve.bucketing import Policy
+from serve.errors import ConfigError
+from serve.loading import build_model, load_model_spec
+from serve.loading.check import difference, random_sequences
+from tests.helpers import Reference, make_engine, serving, spec_of
+from tests.zoo import ZOO, add_to
+
+
+@pytest.mark.parametrize("name", list(ZOO))
+def test_the_check_finds_each_exports_policy(
+    tmp_models: Path, name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    spec = spec_of(add_to(tmp_models, name).parent, name)
+    with caplog.at_level(logging.INFO, logger="serve.loading"):
+        model = build_model(spec)
+
+    expected = Policy(ZOO[name].policy)
+    assert model.plan.policy is expected
+    checked = model.info.invariance
+    assert checked.policy is expected
+    tolerance = checked.tolerance
+    if expected is Policy.BUCKETS:  # masked: padding and batching leave the answers alone
+        assert checked.padding <= tolerance
+        assert checked.batching <= tolerance
+    elif expected is Policy.EXACT_LENGTH:  # padding moves them, batching does not
+        assert checked.padding > 100 * tolerance
+        assert checked.batching <= tolerance
+    else:  # rows move each other (int8: the activations' scale is the whole batch's)
+        assert checked.batching > 10 * tolerance
+    if expected is not Policy.BUCKETS:
+        assert model.strategy == "mutable"  # unpadded batches run at their own shape
+    # The figures are in the log line, and the config route says the same
+    verdict = next(r for r in caplog.records if f"model {name}: padding moves" in r.message)
+    assert f"{checked.padding:.2g}" in verdict.message
+    assert f"{checked.batching:.2g}" in verdict.message
+    assert verdict.levelno == (logging.INFO if expected is Policy.BUCKETS else logging.WARNING)
+    served = model.info.served_config
+    assert served["batching"]["policy"] == expected.value
+    assert served["check"] == {
+        "padding": checked.padding,
+        "batching": checked.batching,
+        "tolerance": tolerance,
+        "policy": expected.value,
+        "failures": [],
+    }
+
+
+@pytest.mark.parametrize("name", ["int8-bilstm", "unmasked-bilstm", "frames"])
+def test_models_that_batching_moves_still_answer_exactly(tmp_models: Path, name: str) -> None:
+    spec = spec_of(add_to(tmp_models, name).parent, name)
+    model = build_model(spec)
+    lengths = [3, 11, 11, 32, 5, 3, 17, 1, 11, 64, 40, 40]
+    sequences = random_sequences(model.info.rules, lengths, seed=5)
+
+    answers = model.predict(sequences)
+
+    reference = Reference(spec)
+    for seq, answer in zip(sequences, answers, strict=True):
+        for output, value in reference(seq).items():
+            np.testing.assert_allclose(answer[output], value, rtol=1e-6, atol=1e-6)
+
+
+def test_a_config_that_knows_better_is_obeyed_and_warned(
+    tmp_models: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    folder = add_to(tmp_models, "int8-bilstm")
+    (folder / "config.toml").write_text(ZOO["int8-bilstm"].config + 'policy = "buckets"\n')
+    with caplog.at_level(logging.WARNING, logger="serve.loading"):
+        model = build_model(spec_of(tmp_models, "int8-bilstm"))
+    assert model.plan.policy is Policy.BUCKETS
+    assert model.info.served_config["check"]["policy"] == "single"  # what was measured
+    assert any(
+        "batching.policy = 'buckets' is set" in r.message and "may differ" in r.message
+        for r in caplog.records
+    )
+
+
+def test_the_tolerance_is_the_configs(tmp_models: Path) -> None:
+    folder = add_to(tmp_models, "unmasked-bilstm")
+    (folder / "config.toml").write_text(ZOO["unmasked-bilstm"].config + "tolerance = 10.0\n")
+    model = build_model(spec_of(tmp_models, "unmasked-bilstm"))
+    assert model.info.invariance.padding > 1e-4
+    assert model.plan.policy is Policy.BUCKETS  # every difference is within 10
+
+
+def batch_of_one_export() -> onnx.ModelProto:
+    """An export with its batch baked in: a Reshape to [1, -1, 8] that runs on any batch but
+    merges its rows (what a traced batch of 1 leaves behind)."""
+    rng = np.random.default_rng(0)
+    weights = [
+        numpy_helper.from_array(rng.standard_normal((50, 8)).astype(np.float32), "emb"),
+        numpy_helper.from_array(np.array([1, -1, 8], np.int64), "one_row"),
+    ]
+    nodes = [
+        helper.make_node("Gather", ["emb", "ids"], ["x"]),
+        helper.make_node("Reshape", ["x", "one_row"], ["merged"]),
+        helper.make_node("CumSum", ["merged", "axis"], ["steps"]),
+    ]
+    weights.append(numpy_helper.from_array(np.array(1, np.int64), "axis"))
+    graph = helper.make_graph(
+        nodes,
+        "batch_of_one",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", "seq"])],
+        [helper.make_tensor_value_info("steps", TensorProto.FLOAT, ["batch", "seq", 8])],
+        weights,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    return model
+
+
+def test_a_batch_the_model_cannot_run_means_one_sequence_per_run(tmp_models: Path) -> None:
+    save_model(batch_of_one_export(), tmp_models / "traced" / "1" / "model.onnx")
+    (tmp_models / "traced" / "config.toml").write_text(
+        '[inputs.ids]\nrole = "tokens"\nvocab_size = 50\n[outputs.steps]\n'
+        "[batching]\nbuckets = [8, 16]\n"
+    )
+    spec = spec_of(tmp_models, "traced")
+    model = build_model(spec)
+    assert model.plan.policy is Policy.SINGLE
+    failures = model.info.served_config["check"]["failures"]
+    assert failures
+    assert model.info.served_config["check"]["batching"] == "failed"
+    sequences = [np.array([3, 1, 4, 1, 5]), np.array([9, 2, 6])]
+    reference = Reference(spec)
+    for seq, answer in zip(sequences, model.predict(sequences), strict=True):
+        np.testing.assert_allclose(answer["steps"], reference(seq)["steps"], atol=1e-6)
+
+
+def test_the_old_pad_sensitive_field_says_what_replaced_it(tmp_models: Path) -> None:
+    folder = add_to(tmp_models, "unmasked-bilstm")
+    (folder / "config.toml").write_text("pad_sensitive = true\n" + ZOO["unmasked-bilstm"].config)
+    with pytest.raises(ConfigError, match=r"batching\.policy = 'exact-length'"):
+        load_model_spec(folder)
+
+
+def test_difference_is_relative_above_one_and_nan_aware() -> None:
+    alone = np.array([0.0, 100.0, np.nan])
+    assert difference(alone.copy(), alone) == 0.0  # NaN agrees with NaN
+    assert difference(np.array([1e-5, 100.0, np.nan]), alone) == pytest.approx(1e-5)
+    assert difference(np.array([0.0, 101.0, np.nan]), alone) == pytest.approx(1 / 101)
+    assert difference(np.array([0.0, 100.0, 1.0]), alone) == float("inf")
+    assert difference(np.zeros(2), np.zeros(3)) == float("inf")  # shapes differ
+
+
+async def test_the_verdict_is_exported_as_metrics(tmp_models: Path) -> None:
+    for name in ("int8-bilstm", "tiny-lstm"):
+        add_to(tmp_models, name)
+    engine = make_engine(tmp_models, default_model="tiny-lstm")
+    async with serving(engine) as client:
+        text = (await client.get("/metrics")).text
+        config = (await client.get("/v2/models/int8-bilstm/config")).json()
+    assert (
+        'bucketserve_model_info{model="int8-bilstm",policy="single",strategy="mutable",'
+        'version="1"} 1.0' in text
+    )
+    assert 'bucketserve_model_info{model="tiny-lstm",policy="buckets"' in text
+    batching = engine.model("int8-bilstm").info.invariance.batching
+    assert (
+        f'bucketserve_batching_difference{{check="batching",model="int8-bilstm"}} {batching}'
+        in text
+    )
+    assert 'bucketserve_batching_tolerance{model="int8-bilstm"} 0.0001' in text
+    # the config route: effective values, never nulls
+    assert config["strategy"] == "mutable"
+    assert config["batching"]["policy"] == "single"
+    assert config["outputs"]["tags"] == {"per_step": True, "batch_axis": 0, "time_axis": 1}
+
+    def nulls(value: object) -> bool:
+        if isinstance(value, dict):
+            return any(nulls(v) for v in value.values())
+        if isinstance(value, list):
+            return any(nulls(v) for v in value)
+        return value is None
+
+    assert not nulls(config)
