@@ -131,7 +131,9 @@ class Engine:
                 self._settled.set()
 
     async def drain(self) -> bool:
-        """Refuse new work, wait until everything admitted is answered; False on timeout."""
+        """Refuse new work, wait until everything admitted is answered; False on timeout.
+        Said once in the log, however many callers wait (SIGTERM, then the app's shutdown)."""
+        first = not self.draining
         self.draining = True
         assert self._settled is not None
         try:
@@ -141,7 +143,10 @@ class Engine:
                 "drain: admitted requests still running after %.0f s", self.settings.drain_timeout_s
             )
             return False
-        log.info(
-            "drained: %d requests admitted since start, %d answered", self.admitted, self.answered
-        )
+        if first:
+            log.info(
+                "drained: %d requests admitted since start, %d answered",
+                self.admitted,
+                self.answered,
+            )
         return True

@@ -64,11 +64,10 @@ class SequenceRules:
             array = np.asarray(item)
         except (ValueError, TypeError):
             raise InvalidInput(f"{where}: not a rectangular array") from None
+        if array.ndim >= 1 and len(array) == 0:
+            raise InvalidInput(f"{where}: empty")
         if self.vocab_size is not None:
-            if array.ndim != 1 or array.dtype.kind not in "iu":
-                raise InvalidInput(f"{where}: expected a list of integer token ids")
-            if array.size and (array.min() < 0 or array.max() >= self.vocab_size):
-                raise InvalidInput(f"{where}: token ids must lie in [0, {self.vocab_size})")
+            self._check_tokens(array, where)
         else:
             if array.ndim != 2 or array.dtype.kind not in "iuf":
                 raise InvalidInput(f"{where}: expected a list of {self.feature_dim}-number vectors")
@@ -78,13 +77,25 @@ class SequenceRules:
                 )
             if not np.isfinite(array).all():
                 raise InvalidInput(f"{where}: features must be finite (no NaN or infinity)")
-        if len(array) == 0:
-            raise InvalidInput(f"{where}: empty")
         if len(array) > self.max_length:
             raise InvalidInput(
                 f"{where}: length {len(array)} exceeds the longest bucket ({self.max_length})"
             )
         return array.astype(self.dtype, copy=False)
+
+    def _check_tokens(self, array: np.ndarray, where: str) -> None:
+        if array.ndim != 1 or array.dtype.kind not in "iu":
+            raise InvalidInput(f"{where}: expected a list of integer token ids")
+        if array.min() < 0 or array.max() >= (self.vocab_size or 0):
+            raise InvalidInput(f"{where}: token ids must lie in [0, {self.vocab_size})")
+        if self.reserved_ids:
+            found = np.flatnonzero(np.isin(array, self.reserved_ids))
+            if found.size:
+                raise InvalidInput(
+                    f"{where}: id {array[found[0]]} at position {found[0]} is reserved (the "
+                    f"model reads it as padding): ids {list(self.reserved_ids)} cannot appear "
+                    "inside a sequence"
+                )
 
 
 @dataclass(frozen=True)

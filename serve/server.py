@@ -41,8 +41,7 @@ class DrainingServer(uvicorn.Server):
         loop.call_soon_threadsafe(lambda: loop.create_task(self._drain()))
 
     async def _drain(self) -> None:
-        await self.engine.drain()
-        log.info("drained; exiting")
+        await self.engine.drain()  # logs "drained: ..." once
         self.should_exit = True
 
 

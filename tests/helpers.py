@@ -22,7 +22,7 @@ from serve.app import create_app
 from serve.engine import Engine
 from serve.loading import ModelSpec, load_engine, load_model_spec
 from serve.loading.builder import layout_of
-from serve.runtime.sessions import run_all
+from serve.runtime.sessions import init_process, run_all
 from serve.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,8 +58,9 @@ class Reference:
     """A plain ONNX Runtime session: each sequence run alone, unpadded."""
 
     def __init__(self, spec: ModelSpec) -> None:
+        init_process()  # the process-wide pool the engine uses, if no engine made it yet
         options = ort.SessionOptions()
-        options.use_per_session_threads = False  # the engine made a process-wide pool
+        options.use_per_session_threads = False
         self.session = ort.InferenceSession(
             str(spec.onnx_path), options, providers=["CPUExecutionProvider"]
         )

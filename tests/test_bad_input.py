@@ -12,6 +12,7 @@ import orjson
 import pytest
 
 from tests.helpers import make_engine, serving
+from tests.zoo import add_to
 
 LIMIT = 64 * 1024
 
@@ -374,6 +375,79 @@ CASES: list[tuple[str, str, str, Any, dict[str, str], int, str]] = [
         400,
         "malformed",
     ),
+    ("only-an-empty-sequence", "POST", "/predict", {"sequences": [[]]}, {}, 422, "invalid_input"),
+    (
+        "reserved-id-inside",
+        "POST",
+        "/predict",
+        {"model": "keras-bilstm", "sequences": [[5, 0, 7]]},
+        {},
+        422,
+        "invalid_input",
+    ),
+    (
+        "v2-lengths-to-a-masked-model",
+        "POST",
+        "/v2/models/tiny-encoder/infer",
+        v2([ids([1, 3], [5, 9, 2]), ids([1], [2], name="sequence_lengths")]),
+        {},
+        422,
+        "invalid_input",
+    ),
+    (
+        "v2-lengths-wrong-shape",
+        "POST",
+        "/v2/models/keras-bilstm/infer",
+        v2([ids([1, 3], [5, 9, 2], "input_1"), ids([2], [2, 1], name="sequence_lengths")]),
+        {},
+        422,
+        "invalid_input",
+    ),
+    (
+        "v2-lengths-not-integers",
+        "POST",
+        "/v2/models/keras-bilstm/infer",
+        v2([ids([1, 3], [5, 9, 2], "input_1"), ids([1], [1.5], "sequence_lengths", "FP32")]),
+        {},
+        422,
+        "invalid_input",
+    ),
+    (
+        "v2-lengths-zero",
+        "POST",
+        "/v2/models/keras-bilstm/infer",
+        v2([ids([1, 3], [5, 9, 2], "input_1"), ids([1], [0], name="sequence_lengths")]),
+        {},
+        422,
+        "invalid_input",
+    ),
+    (
+        "v2-lengths-past-the-row",
+        "POST",
+        "/v2/models/keras-bilstm/infer",
+        v2([ids([1, 3], [5, 9, 2], "input_1"), ids([1], [4], name="sequence_lengths")]),
+        {},
+        422,
+        "invalid_input",
+    ),
+    (
+        "v2-pad-id-then-more",
+        "POST",
+        "/v2/models/keras-bilstm/infer",
+        v2([ids([1, 3], [5, 0, 2], "input_1")]),
+        {},
+        422,
+        "invalid_input",
+    ),
+    (
+        "v2-reserved-id-inside-given-lengths",
+        "POST",
+        "/v2/models/keras-bilstm/infer",
+        v2([ids([1, 3], [5, 0, 2], "input_1"), ids([1], [3], name="sequence_lengths")]),
+        {},
+        422,
+        "invalid_input",
+    ),
     ("unknown-route", "GET", "/v3/everything", None, {}, 404, "not_found"),
     ("wrong-method", "GET", "/predict", None, {}, 405, "method_not_allowed"),
     ("unknown-model-metadata", "GET", "/v2/models/gpt", None, {}, 404, "model_not_found"),
@@ -382,6 +456,7 @@ CASES: list[tuple[str, str, str, Any, dict[str, str], int, str]] = [
 
 @pytest.fixture
 def engine(tmp_models: Path) -> Any:
+    add_to(tmp_models, "keras-bilstm")  # no mask input: its pad id 0 is reserved
     return make_engine(
         tmp_models,
         "tiny-encoder",
@@ -426,3 +501,21 @@ async def test_chunked_body_over_the_limit_is_refused(engine: Any) -> None:
     async with serving(engine) as client:
         response = await client.post("/predict", content=chunks())
     assert response.status_code == 413
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        ({"sequences": [[]]}, "sequence 0: empty"),
+        ({"sequences": [[3], []]}, "sequence 1: empty"),
+        (
+            {"model": "keras-bilstm", "sequences": [[5, 6], [5, 0, 7]]},
+            "sequence 1: id 0 at position 1 is reserved",
+        ),
+    ],
+)
+async def test_messages_say_what_is_wrong(engine: Any, body: dict[str, Any], says: str) -> None:
+    async with serving(engine) as client:
+        response = await client.post("/predict", json=body)
+    assert response.status_code == 422
+    assert says in response.json()["error"]["message"]

@@ -17,6 +17,7 @@ from serve.bucketing import Policy
 from serve.errors import ConfigError
 from serve.loading import build_model, load_model_spec
 from serve.loading.check import difference, random_sequences
+from serve.model import SequenceRules
 from tests.helpers import Reference, make_engine, serving, spec_of
 from tests.zoo import ZOO, add_to
 
@@ -189,3 +190,25 @@ async def test_the_verdict_is_exported_as_metrics(tmp_models: Path) -> None:
         return value is None
 
     assert not nulls(config)
+
+
+def test_reserved_ids_default_to_the_pad_id_of_a_model_without_a_mask(tmp_models: Path) -> None:
+    keras = build_model(spec_of(add_to(tmp_models, "keras-bilstm").parent, "keras-bilstm"))
+    assert keras.info.rules.reserved_ids == (0,)  # its pad id is its mask
+    assert keras.info.served_config["inputs"]["input_1"]["reserved_ids"] == [0]
+    encoder = build_model(spec_of(add_to(tmp_models, "encoder-inline").parent, "encoder-inline"))
+    assert encoder.info.rules.reserved_ids == ()  # it has a mask input
+
+    folder = tmp_models / "keras-bilstm"
+    config = ZOO["keras-bilstm"].config.replace("vocab_size = 800", "vocab_size = 800\n{}")
+    (folder / "config.toml").write_text(config.format("reserved_ids = []"))
+    assert build_model(spec_of(tmp_models, "keras-bilstm")).info.rules.reserved_ids == ()
+    (folder / "config.toml").write_text(config.format("reserved_ids = [800]"))
+    with pytest.raises(ConfigError, match=r"inputs\.input_1: .*ids in \[0, 800\)"):
+        load_model_spec(folder)
+
+
+def test_the_checks_sequences_never_hold_a_reserved_id() -> None:
+    rules = SequenceRules(np.dtype(np.int64), max_length=64, vocab_size=3, reserved_ids=(0,))
+    drawn = np.concatenate(random_sequences(rules, [64] * 20, seed=1))
+    assert set(drawn.tolist()) == {1, 2}

@@ -1,5 +1,5 @@
 """`tritonclient.http`, unchanged, against a real server: binary and JSON tensors, the same
-numbers as /predict."""
+numbers as /predict, and rows of their own lengths to models without a mask."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import pytest
 
 from serve.loading.builder import sequence_rules
 from serve.loading.check import random_sequences
-from tests.helpers import copy_bundled, server_process, spec_of
+from tests.helpers import Reference, copy_bundled, server_process, spec_of
+from tests.zoo import add_to
 
 httpclient = pytest.importorskip("tritonclient.http")
 
@@ -22,6 +23,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> object:
     root.mkdir()
     copy_bundled(root, "tiny-encoder")
     copy_bundled(root, "tiny-lstm")
+    add_to(root, "keras-bilstm")  # tf2onnx-shaped, int32 ids, no mask: its pad id is the mask
+    add_to(root, "int8-bilstm")  # no mask, and batch-variant: served one sequence per run
     with server_process(root, "--default-model", "tiny-encoder") as (_, url, _log):
         yield url, root
 
@@ -100,3 +103,41 @@ def test_features_model_with_lengths_and_default_binary_outputs(server: tuple[st
         np.testing.assert_allclose(
             result.as_numpy("final_state")[row], want["final_state"], atol=1e-6
         )
+
+
+@pytest.mark.parametrize("model", ["keras-bilstm", "int8-bilstm"])
+@pytest.mark.parametrize("lengths_by", ["sequence_lengths", "pad-id"])
+def test_maskless_model_takes_different_lengths_in_one_request(
+    server: tuple[str, Path], model: str, lengths_by: str
+) -> None:
+    """Rows of one [n, T] tensor are n sequences of their own lengths, told by a
+    `sequence_lengths` input or, since such a model reserves its pad id, by where it starts."""
+    url, root = server
+    spec = spec_of(root, model)
+    name = spec.config.sequence_input
+    dtype = spec.signature.inputs[name].dtype
+    sequences = [[5, 9, 2, 44], [7, 1], [3] * 30, [11] * 9, [8]]
+    lengths = np.array([len(s) for s in sequences], np.int32)
+    filler = 17 if lengths_by == "sequence_lengths" else 0  # past each row: ignored either way
+    ids = np.full((len(sequences), 30), filler, dtype)
+    for row, seq in enumerate(sequences):
+        ids[row, : len(seq)] = seq
+    datatype = "INT32" if dtype == np.int32 else "INT64"
+    inputs = [httpclient.InferInput(name, list(ids.shape), datatype)]
+    inputs[0].set_data_from_numpy(ids)
+    if lengths_by == "sequence_lengths":
+        inputs.append(httpclient.InferInput("sequence_lengths", [len(sequences)], "INT32"))
+        inputs[1].set_data_from_numpy(lengths)
+    client = httpclient.InferenceServerClient(url=url.removeprefix("http://"))
+
+    result = client.infer(model, inputs)
+
+    (output,) = spec.config.outputs
+    steps = result.as_numpy(output)
+    predicted = httpx.post(f"{url}/predict", json={"model": model, "sequences": sequences})
+    reference = Reference(spec)
+    for row, (seq, want) in enumerate(zip(sequences, predicted.json()["outputs"], strict=True)):
+        alone = reference(np.array(seq, dtype))[output]
+        np.testing.assert_allclose(steps[row, : len(seq)], alone, atol=1e-5)
+        np.testing.assert_allclose(steps[row, : len(seq)], want[output], atol=1e-6)
+        assert not steps[row, len(seq) :].any()

@@ -1,18 +1,15 @@
 """The KServe v2 / Triton HTTP protocol, so that `tritonclient.http` works unchanged.
 
-Rows of the `[n, T]` (or `[n, T, F]`) sequence tensor are n sequences. A mask or lengths
-input, when sent, gives each row's length; otherwise every row is T long. Per-step outputs
-come back as `[n, T, ...]` with zeros past each row's length.
+Routes only: tensors are decoded by `tensors`, turned into sequences (and outputs back into
+tensors) by `rows`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 from fastapi import APIRouter, Request, Response
 
-from serve.batcher import Outputs
 from serve.errors import InvalidInput, ModelNotFound
 from serve.http.common import (
     SERVER_VERSION,
@@ -22,6 +19,7 @@ from serve.http.common import (
     request_timeout_ms,
     unless_client_leaves,
 )
+from serve.http.rows import sequences_from_tensors, stack_outputs
 from serve.http.tensors import DATATYPE_OF, decode_request, encode_response
 from serve.layout import InputRole, Tensor
 from serve.model import Model
@@ -114,85 +112,6 @@ async def model_ready(request: Request, name: str, version: str | None = None) -
     model = _model(request, name, version)
     is_ready = _ready(request)
     return json_response({"name": model.name, "ready": is_ready}, 200 if is_ready else 503)
-
-
-def _row_lengths(model: Model, inputs: dict[str, np.ndarray], rows: int, steps: int) -> np.ndarray:
-    """Each row's length, from the mask or lengths input when one was sent."""
-    for inp in model.info.layout.inputs:
-        name = inp.tensor.name
-        if name not in inputs or inp.role not in (InputRole.MASK, InputRole.LENGTHS):
-            continue
-        given = inputs[name]
-        if inp.role is InputRole.LENGTHS:
-            if given.shape != (rows,):
-                raise InvalidInput(
-                    f"input {name}: expected shape [{rows}], got {list(given.shape)}"
-                )
-            lengths: np.ndarray = given.astype(np.int64)
-            return lengths
-        expected = inp.tensor.shape(rows, steps)
-        if given.shape != expected:
-            raise InvalidInput(
-                f"input {name}: expected shape {list(expected)}, got {list(given.shape)}"
-            )
-        given = inp.tensor.to_batch_major(given)
-        lengths = (given != 0).sum(axis=1)
-        if not (given.astype(bool) == (np.arange(steps) < lengths[:, None])).all():
-            raise InvalidInput(f"input {name}: each row must be ones followed by zeros")
-        return lengths
-    return np.full(rows, steps, np.int64)
-
-
-def sequences_from_tensors(
-    model: Model, inputs: dict[str, np.ndarray], max_sequences: int
-) -> tuple[list[np.ndarray], int]:
-    """The request's rows as validated sequences, and the time steps T the rows were sent at."""
-    roles = {i.tensor.name: i.role for i in model.info.layout.inputs}
-    for name in inputs:
-        if name not in roles:
-            raise InvalidInput(f"model {model.name} has no input {name}")
-        if roles[name] is InputRole.STATE:
-            raise InvalidInput(f"input {name} is a state the server fills; do not send it")
-        if roles[name] is InputRole.TOKEN_TYPES and inputs[name].any():
-            raise InvalidInput(f"input {name}: only token type 0 is supported")
-    sequence = model.info.layout.sequence
-    name = sequence.tensor.name
-    if name not in inputs:
-        raise InvalidInput(f"missing input {name}")
-    rank = len(sequence.tensor.dims)
-    if inputs[name].ndim != rank:
-        raise InvalidInput(
-            f"input {name}: expected rank {rank}, got shape {list(inputs[name].shape)}"
-        )
-    tensor = sequence.tensor.to_batch_major(inputs[name])
-    rows, steps = tensor.shape[:2]
-    if rows == 0 or steps == 0:
-        raise InvalidInput(f"input {name}: empty")
-    if rows > max_sequences:
-        raise InvalidInput(f"too many sequences: {rows} > {max_sequences}")
-    lengths = _row_lengths(model, inputs, rows, steps)
-    if lengths.min() < 1 or lengths.max() > steps:
-        raise InvalidInput(f"row lengths must lie in 1..{steps}")
-    return [model.validate(tensor[i, : lengths[i]], i) for i in range(rows)], steps
-
-
-def stack_outputs(
-    model: Model, answers: list[Outputs], names: list[str], steps: int
-) -> dict[str, np.ndarray]:
-    """Per-sequence outputs back into tensors in the model's own axes; per-step ones
-    zero-padded to the T the request was sent at."""
-    tensors = {}
-    for name in names:
-        parts = [a[name] for a in answers]
-        tensor = model.info.layout.output(name)
-        if tensor.per_step:
-            out = np.zeros((len(parts), steps, *parts[0].shape[1:]), parts[0].dtype)
-            for row, part in enumerate(parts):
-                out[row, : len(part)] = part
-        else:
-            out = np.stack(parts)
-        tensors[name] = tensor.to_model_axes(out)
-    return tensors
 
 
 @router.post("/models/{name}/infer", summary="Inference (JSON or binary tensors)")

@@ -114,16 +114,31 @@ def _probe(spec: ModelSpec, inputs: Layout, run: Run | None) -> dict[str, Tensor
 
 def sequence_rules(spec: ModelSpec) -> SequenceRules:
     """What a valid sequence is for this model, checked at the edge."""
-    name = spec.config.sequence_input
-    cfg, tensor = spec.config.inputs[name], spec.signature.inputs[name]
+    config = spec.config
+    name = config.sequence_input
+    cfg, tensor = config.inputs[name], spec.signature.inputs[name]
     free = spec.axes.inputs[name].free()
     features = [d for i, d in enumerate(tensor.dims) if i not in free]
+    if cfg.role is InputRole.FEATURES:
+        (feature_dim,) = features  # fixed: `axes` refuses any other free dim
+        assert isinstance(feature_dim, int)
+        return SequenceRules(tensor.dtype, config.batching.longest, feature_dim=feature_dim)
     return SequenceRules(
-        dtype=tensor.dtype,
-        max_length=spec.config.batching.longest,
-        vocab_size=cfg.vocab_size if cfg.role is InputRole.TOKENS else None,
-        feature_dim=int(features[0]) if cfg.role is InputRole.FEATURES else None,  # type: ignore[arg-type]
+        tensor.dtype,
+        config.batching.longest,
+        vocab_size=cfg.vocab_size,
+        reserved_ids=tuple(reserved_ids(spec)),
     )
+
+
+def reserved_ids(spec: ModelSpec) -> list[int]:
+    """Token ids refused inside a sequence: the config's, or by default the pad id when no mask
+    or lengths input tells the model where padding is (then the pad id is how it knows)."""
+    cfg = spec.config.inputs[spec.config.sequence_input]
+    if cfg.reserved_ids is not None:
+        return sorted(set(cfg.reserved_ids))
+    told = {InputRole.MASK, InputRole.LENGTHS} & {i.role for i in spec.config.inputs.values()}
+    return [] if told else [int(cfg.pad_value)]
 
 
 def graph_file(spec: ModelSpec) -> GraphFile:
@@ -174,7 +189,14 @@ def build_model(spec: ModelSpec, strategy: str | None = None) -> Model:
         queue_capacity=batching.queue_capacity,
         invariance=invariance,
         served_config=served_config(  # (the providers in use: the load session's are the same)
-            spec, layout, executor.strategy, session.get_providers(), invariance, policy, failures
+            spec,
+            layout,
+            rules,
+            executor.strategy,
+            session.get_providers(),
+            invariance,
+            policy,
+            failures,
         ),
     )
     model = Model(info, executor, tokenizer)

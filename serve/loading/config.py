@@ -28,6 +28,11 @@ class InputConfig(_Strict):
         default=None, gt=0, description="tokens: ids lie in [0, vocab_size)"
     )
     pad_value: float = Field(default=0, description="tokens/features: value at padded positions")
+    reserved_ids: list[int] | None = Field(
+        default=None,
+        description="tokens: ids refused inside a sequence; default: the pad id when no mask "
+        "or lengths input tells the model where padding is (then the pad id is its mask)",
+    )
     fill: float = Field(default=0.0, description="state: the value the state is filled with")
     batch_axis: int | None = Field(
         default=None, ge=0, description="the batch axis; default: found from the graph and role"
@@ -38,8 +43,15 @@ class InputConfig(_Strict):
 
     @model_validator(mode="after")
     def _tokens_need_vocab(self) -> InputConfig:
-        if self.role is InputRole.TOKENS and self.vocab_size is None:
+        if self.role is not InputRole.TOKENS:
+            if self.reserved_ids is not None:
+                raise ValueError("reserved_ids are for a tokens input")
+            return self
+        if self.vocab_size is None:
             raise ValueError("a tokens input needs vocab_size (ids are checked against it)")
+        ids = [self.pad_value, *(self.reserved_ids or [])]
+        if any(i != int(i) or not 0 <= i < self.vocab_size for i in ids):
+            raise ValueError(f"pad_value and reserved_ids must be ids in [0, {self.vocab_size})")
         return self
 
 

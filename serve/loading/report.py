@@ -11,6 +11,7 @@ from typing import Any
 from serve.bucketing import Invariance, Policy
 from serve.layout import Layout
 from serve.loading.repository import ModelSpec
+from serve.model import SequenceRules
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,7 @@ def log_verdict(
 def served_config(
     spec: ModelSpec,
     layout: Layout,
+    rules: SequenceRules,
     strategy: str,
     providers: Sequence[str],
     invariance: Invariance,
@@ -75,6 +77,8 @@ def served_config(
     config["batching"]["policy"] = policy.value
     for inp in layout.inputs:
         config["inputs"][inp.tensor.name] |= _axes(inp.tensor.batch_axis, inp.tensor.time_axis)
+    if rules.vocab_size is not None:
+        config["inputs"][layout.sequence.tensor.name]["reserved_ids"] = list(rules.reserved_ids)
     for out in layout.outputs:
         config["outputs"][out.name] |= {
             "per_step": out.per_step,

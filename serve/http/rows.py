@@ -1,0 +1,131 @@
+"""KServe v2 rows to sequences and back: the rows of a `[n, T]` (or `[n, T, F]`, in the model's
+own axes) sequence tensor are n sequences, each cut to its own length; per-step outputs go back
+as `[n, T, ...]` with zeros past each row's length.
+
+Each row's length comes from, in order: the model's mask or lengths input when the request
+sends it; a `sequence_lengths` input `[n]` (integers) for a model that has neither; for a
+token model whose pad id is reserved (its mask, when it has no mask input), the first pad id
+in the row; otherwise T.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from serve.batcher import Outputs
+from serve.errors import InvalidInput
+from serve.layout import Input, InputRole
+from serve.model import Model
+
+LENGTHS_INPUT = "sequence_lengths"  # each row's length, for models without a mask or lengths
+
+
+def _integers(given: np.ndarray, name: str, rows: int) -> np.ndarray:
+    if given.shape != (rows,):
+        raise InvalidInput(f"input {name}: expected shape [{rows}], got {list(given.shape)}")
+    if given.dtype.kind not in "iu":
+        raise InvalidInput(f"input {name}: lengths are integers (INT32 or INT64)")
+    return given.astype(np.int64)
+
+
+def _from_mask(inp: Input, given: np.ndarray, rows: int, steps: int) -> np.ndarray:
+    name, expected = inp.tensor.name, inp.tensor.shape(rows, steps)
+    if given.shape != expected:
+        raise InvalidInput(
+            f"input {name}: expected shape {list(expected)}, got {list(given.shape)}"
+        )
+    given = inp.tensor.to_batch_major(given)
+    lengths: np.ndarray = (given != 0).sum(axis=1)
+    if not (given.astype(bool) == (np.arange(steps) < lengths[:, None])).all():
+        raise InvalidInput(f"input {name}: each row must be ones followed by zeros")
+    return lengths
+
+
+def _from_pad_id(tensor: np.ndarray, pad: int) -> np.ndarray:
+    """Each row runs up to its first pad id, which may only be followed by more of it."""
+    is_pad = tensor == pad
+    steps = tensor.shape[1]
+    lengths: np.ndarray = np.where(is_pad.any(axis=1), is_pad.argmax(axis=1), steps)
+    mixed = np.flatnonzero((is_pad != (np.arange(steps) >= lengths[:, None])).any(axis=1))
+    if mixed.size:
+        raise InvalidInput(
+            f"row {mixed[0]}: the pad id {pad} marks where a row ends, so only more of it may "
+            f"follow it (or send {LENGTHS_INPUT})"
+        )
+    return lengths
+
+
+def row_lengths(model: Model, inputs: dict[str, np.ndarray], tensor: np.ndarray) -> np.ndarray:
+    """Each row of `tensor` (batch-major) its length, by the rules in the module docstring."""
+    rows, steps = tensor.shape[:2]
+    layout, rules = model.info.layout, model.info.rules
+    told = [i for i in layout.inputs if i.role in (InputRole.MASK, InputRole.LENGTHS)]
+    if LENGTHS_INPUT in inputs and all(i.tensor.name != LENGTHS_INPUT for i in told):
+        if told:
+            raise InvalidInput(
+                f"model {model.name} takes each row's length from its input "
+                f"{told[0].tensor.name}: send that, not {LENGTHS_INPUT}"
+            )
+        return _integers(inputs[LENGTHS_INPUT], LENGTHS_INPUT, rows)
+    for inp in told:
+        if inp.tensor.name in inputs:
+            given = inputs[inp.tensor.name]
+            if inp.role is InputRole.LENGTHS:
+                return _integers(given, inp.tensor.name, rows)
+            return _from_mask(inp, given, rows, steps)
+    pad = int(layout.sequence.fill)
+    if not told and rules.vocab_size is not None and pad in rules.reserved_ids:
+        return _from_pad_id(tensor, pad)
+    return np.full(rows, steps, np.int64)
+
+
+def sequences_from_tensors(
+    model: Model, inputs: dict[str, np.ndarray], max_sequences: int
+) -> tuple[list[np.ndarray], int]:
+    """The request's rows as validated sequences, and the time steps T the rows were sent at."""
+    roles = {i.tensor.name: i.role for i in model.info.layout.inputs}
+    for name in inputs:
+        if name not in roles and name != LENGTHS_INPUT:
+            raise InvalidInput(f"model {model.name} has no input {name}")
+        if roles.get(name) is InputRole.STATE:
+            raise InvalidInput(f"input {name} is a state the server fills; do not send it")
+        if roles.get(name) is InputRole.TOKEN_TYPES and inputs[name].any():
+            raise InvalidInput(f"input {name}: only token type 0 is supported")
+    sequence = model.info.layout.sequence
+    name = sequence.tensor.name
+    if name not in inputs:
+        raise InvalidInput(f"missing input {name}")
+    rank = len(sequence.tensor.dims)
+    if inputs[name].ndim != rank:
+        raise InvalidInput(
+            f"input {name}: expected rank {rank}, got shape {list(inputs[name].shape)}"
+        )
+    tensor = sequence.tensor.to_batch_major(inputs[name])
+    rows, steps = tensor.shape[:2]
+    if rows == 0 or steps == 0:
+        raise InvalidInput(f"input {name}: empty")
+    if rows > max_sequences:
+        raise InvalidInput(f"too many sequences: {rows} > {max_sequences}")
+    lengths = row_lengths(model, inputs, tensor)
+    if lengths.min() < 1 or lengths.max() > steps:
+        raise InvalidInput(f"row lengths must lie in 1..{steps}")
+    return [model.validate(tensor[i, : lengths[i]], i) for i in range(rows)], steps
+
+
+def stack_outputs(
+    model: Model, answers: list[Outputs], names: list[str], steps: int
+) -> dict[str, np.ndarray]:
+    """Per-sequence outputs back into tensors in the model's own axes; per-step ones
+    zero-padded to the T the request was sent at."""
+    tensors = {}
+    for name in names:
+        parts = [a[name] for a in answers]
+        tensor = model.info.layout.output(name)
+        if tensor.per_step:
+            out = np.zeros((len(parts), steps, *parts[0].shape[1:]), parts[0].dtype)
+            for row, part in enumerate(parts):
+                out[row, : len(part)] = part
+        else:
+            out = np.stack(parts)
+        tensors[name] = tensor.to_model_axes(out)
+    return tensors
