@@ -131,3 +131,23 @@ def save_inline(model: onnx.ModelProto, onnx_path: Path) -> None:
     """Write `model.onnx` with every weight inside it (what most exporters write)."""
     onnx_path.parent.mkdir(parents=True, exist_ok=True)
     onnx.save_model(model, str(onnx_path))
+
+
+def transposed_kernels(
+    *, vocab: int = 4000, dim: int = 512, ffn: int = 2048, layers: int = 3, seed: int = 6
+) -> onnx.ModelProto:
+    """Dense layers whose kernels are stored [out, in] and transposed in the graph, as Keras
+    exports often are: graph optimisation folds each Transpose into a new weight, which every
+    session would otherwise fold into a copy of its own."""
+    g = _Graph(seed)
+    x = g.op("Gather", g.weight("embeddings", vocab, dim, scale=0.5), "ids")
+    for _ in range(layers):
+        up = g.op("Transpose", g.weight("kernel_up", ffn, dim), perm=[1, 0])
+        down = g.op("Transpose", g.weight("kernel_down", dim, ffn), perm=[1, 0])
+        x = g.op("MatMul", g.op("Relu", g.op("MatMul", x, up)), down)
+    g.nodes.append(helper.make_node("Identity", [x], ["states"]))
+    return g.model(
+        "transposed_kernels",
+        [helper.make_tensor_value_info("ids", INT64, ["batch", "seq"])],
+        [helper.make_tensor_value_info("states", FLOAT, ["batch", "seq", dim])],
+    )

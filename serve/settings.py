@@ -72,6 +72,13 @@ class Settings:
         default=None,
         metadata={"help": "ONNX Runtime threads for one batch (default: cores / instances)"},
     )
+    cache_dir: Path | None = field(
+        default=None,
+        metadata={
+            "help": "where a session-per-key model's weights are written out once, for its "
+            "sessions to share (default: $XDG_CACHE_HOME/bucketserve, else ~/.cache/bucketserve)"
+        },
+    )
     log_json: bool = field(default=False, metadata={"help": "log JSON lines instead of text"})
     log_level: str = field(default="info", metadata={"help": "debug, info, warning or error"})
 

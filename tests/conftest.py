@@ -3,8 +3,10 @@ from __future__ import annotations
 import faulthandler
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import psutil
@@ -59,6 +61,12 @@ def tmp_models(tmp_path: Path) -> Path:
     return root
 
 
+def pytest_configure() -> None:
+    # The weights cache (models with inline weights are written out there) in a folder of the
+    # suite's own, never the user's: server processes the tests start inherit it.
+    os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="bucketserve-tests-cache-")
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """The suite leaves nothing behind that would keep CI waiting after the last test: no
     server process still running and no gevent patching of this process (locust, imported
@@ -78,6 +86,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 
 def pytest_unconfigure() -> None:
+    shutil.rmtree(os.environ["XDG_CACHE_HOME"], ignore_errors=True)
     # A hang while the interpreter shuts down would hold CI until its own limit; after two
     # minutes, dump every thread's stack and fail instead.
     faulthandler.dump_traceback_later(120, exit=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 
 from modelgen import graphs, zoo
@@ -129,15 +130,19 @@ def test_axes_named_wrongly_in_the_config(
 
 def test_a_state_batch_is_its_one_free_dim_or_named_in_the_config(tmp_models: Path) -> None:
     config = (MODELS / "tiny-lstm" / "config.toml").read_text().replace('build = "tiny-lstm"', "")
-    model = graphs.lstm_tagger()
-    h0 = next(v for v in model.graph.input if v.name == "h0").type.tensor_type.shape.dim
-    h0[1].Clear()  # [1, batch, 32] -> [1, ?, 32]: its one free dim
-    spec = load_model_spec(write_model(tmp_models, "one-free", model, config))
+
+    def lstm(unnamed: int) -> onnx.ModelProto:
+        """The tiny LSTM with the first `unnamed` dims of its h0 [1, batch, 32] made free."""
+        model = graphs.lstm_tagger()
+        h0 = next(v for v in model.graph.input if v.name == "h0").type.tensor_type.shape.dim
+        for dim in h0[2 - unnamed : 2]:
+            dim.Clear()
+        return model
+
+    spec = load_model_spec(write_model(tmp_models, "one-free", lstm(1), config))  # [1, ?, 32]
     assert spec is not None
     assert spec.axes.inputs["h0"] == Axes(1)
-
-    h0[0].Clear()  # [?, ?, 32]: which is the batch?
-    folder = write_model(tmp_models, "two-free", model, config)
+    folder = write_model(tmp_models, "two-free", lstm(2), config)  # [?, ?, 32]: which is it?
     with pytest.raises(ConfigError, match=r"inputs\.h0: which dim of \[\?, \?, 32\] is the batch"):
         load_model_spec(folder)
 

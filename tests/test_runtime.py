@@ -1,18 +1,14 @@
-"""Executors: lazy binding, binding once under concurrency, pad rows, shared weights (Pss)."""
+"""Executors: lazy binding, binding once under concurrency, pad rows, concurrent batches."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from modelgen import graphs
 from serve.bucketing import BucketKey
 from serve.errors import ConfigError
 from serve.loading import build_model, load_model_spec
@@ -21,13 +17,10 @@ from serve.model import Model
 from serve.runtime.sessions import runs_on_cpu, thread_layout, usable_cores
 from serve.settings import Settings
 from tests.helpers import (
-    ENCODER_CONFIG,
     MODELS,
-    ROOT,
     Reference,
     copy_bundled,
     spec_of,
-    write_model,
 )
 
 
@@ -143,40 +136,6 @@ def test_outputs_do_not_alias_reused_buffers(tmp_models: Path) -> None:
     kept = model.predict([[5, 6, 7]])[0]
     model.predict([[9, 9, 9]])  # same key, same buffers
     np.testing.assert_array_equal(kept["sentence_embedding"], first)
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(not Path("/proc/self/smaps_rollup").exists(), reason="needs Linux Pss")
-def test_session_per_key_shares_weights_across_eight_keys(tmp_models: Path) -> None:
-    """A ~200 MB model, 8 static-shape sessions: Pss grows by < 10% of the weights.
-
-    (Each extra session costs about 1 MB of its own, whatever the model's size.)
-    """
-    model = graphs.encoder(vocab=1000, dim=1024, heads=8, layers=4, ffn=4096, max_positions=64)
-    config = ENCODER_CONFIG.format(
-        binding="session-per-key",
-        mode="bucketing",
-        vocab=1000,
-        buckets=[4, 8, 12, 16, 20, 24, 28, 32],
-        max_batch_size=2,
-        max_batch_tokens=64,
-    )
-    model_dir = write_model(tmp_models, "big", model, config)
-    del model
-
-    result = subprocess.run(
-        [sys.executable, "-m", "tests.pss_probe", str(model_dir), "session-per-key"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    figures = json.loads(result.stdout.strip().splitlines()[-1])
-
-    assert figures["weight_bytes"] >= 50 * 2**20
-    assert figures["bound_keys"] == figures["sessions"] == 8
-    growth = figures["pss_all_keys"] - figures["pss_one_key"]
-    assert growth < 0.10 * figures["weight_bytes"], figures
 
 
 @pytest.mark.parametrize(

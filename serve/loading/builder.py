@@ -1,6 +1,7 @@
 """The builder: a model spec becomes a ready model, and a repository an engine.
 
-spec -> a load-time session -> layout (outputs' axes probed where names do not settle them)
+spec -> the file its sessions share (weights written out once if inline) -> a load-time
+session -> layout (outputs' axes probed where names do not settle them)
 and rules (what the request path reads) -> the invariance check and the policy it allows ->
 the bucket plan -> an executor over the graph -> the keys the config asks for bound and warm
 -> `Model`.
@@ -26,11 +27,11 @@ from serve.loading.check import Run, measure, random_sequences
 from serve.loading.config import BatchingConfig
 from serve.loading.report import log_verdict, served_config
 from serve.loading.repository import ModelSpec, load_repository
+from serve.loading.served_file import default_cache_dir, served_graph
 from serve.loading.signature import GraphTensor
 from serve.model import Model, ModelInfo, SequenceRules
 from serve.runtime.executors import make_executor
 from serve.runtime.sessions import (
-    GraphFile,
     create_session,
     init_process,
     run_all,
@@ -141,24 +142,20 @@ def reserved_ids(spec: ModelSpec) -> list[int]:
     return [] if told else [int(cfg.pad_value)]
 
 
-def graph_file(spec: ModelSpec) -> GraphFile:
-    """What the sessions load: the file, the providers, the names static sessions fix."""
-    axes = spec.axes
-    providers = tuple(spec.config.providers)
-    return GraphFile(spec.onnx_path, providers, axes.batch_names, axes.time_names)
-
-
-def build_model(spec: ModelSpec, strategy: str | None = None) -> Model:
-    """Load `spec`: its layout, the invariance check and the policy it allows, the executor,
-    then bind and warm the keys that the config asks for. `strategy` overrides the config's
-    mode and binding (tests, benchmarks)."""
+def build_model(
+    spec: ModelSpec, strategy: str | None = None, cache_dir: Path | None = None
+) -> Model:
+    """Load `spec`: the file its sessions share, its layout, the invariance check and the
+    policy it allows, the executor, then bind and warm the keys that the config asks for.
+    `strategy` overrides the config's mode and binding (tests, benchmarks); `cache_dir` is
+    where session-per-key writes the weights its sessions share (default: the user's cache)."""
     config, batching = spec.config, spec.config.batching
     wanted = strategy or (config.binding if config.mode == "bucketing" else "mutable")
-    graph = graph_file(spec)
+    static = wanted == "session-per-key"
+    graph = served_graph(spec, cache_dir or default_cache_dir(), static)
     # One session for what load time runs (probes, the check). Session-per-key shares the
     # memmapped weights, so this one does too (no private copy); otherwise it is the session
     # the executor keeps.
-    static = wanted == "session-per-key"
     session = create_session(graph, weights=SharedWeights(graph.path) if static else None)
     run = functools.partial(run_all, session)
     layout, rules = layout_of(spec, run), sequence_rules(spec)
@@ -244,7 +241,7 @@ def load_engine(settings: Settings | Path | str = "models") -> Engine:
     )
     init_process(threads)  # before the first session: the pool is the process's
     models = {
-        name: build_model(apply_overrides(spec, settings), settings.strategy)
+        name: build_model(apply_overrides(spec, settings), settings.strategy, settings.cache_dir)
         for name, spec in repository.models.items()
     }
     return Engine(models, repository.default_model, settings, instances)

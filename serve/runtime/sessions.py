@@ -126,3 +126,23 @@ def run_all(
     """Every output of one plain run: load-time probes and checks (serving binds buffers)."""
     names = [o.name for o in session.get_outputs()]
     return dict(zip(names, session.run(names, dict(feeds)), strict=True))
+
+
+def write_folded(source: Path, target: Path) -> None:
+    """`source` saved to `target` with ONNX Runtime's basic, provider-independent graph
+    optimizations applied: what every session would fold for itself (a Transpose on a kernel,
+    a Cast on a weight) folded once, so that sessions can share the result instead of each
+    keeping a copy. Weights go to `target`'s .data file."""
+    init_process()
+    options = ort.SessionOptions()
+    options.use_per_session_threads = False
+    options.log_severity_level = 3
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    options.optimized_model_filepath = str(target)
+    options.add_session_config_entry(
+        "session.optimized_model_external_initializers_file_name", target.name + ".data"
+    )
+    options.add_session_config_entry(
+        "session.optimized_model_external_initializers_min_size_in_bytes", "1024"
+    )
+    ort.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
