@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from serve.batcher import Batcher, Outputs
-from serve.errors import DeadlineExceeded, ModelNotFound, Unavailable
+from serve.errors import DeadlineExceeded, ModelNotFound, ModelNotReady, Unavailable
 from serve.metrics import Metrics
 from serve.model import Model
 from serve.settings import Settings
@@ -35,10 +35,13 @@ class Engine:
         default_model: str | None = None,
         settings: Settings | None = None,
         instances: int = 1,
+        failed: Mapping[str, str] | None = None,
     ) -> None:
         """Serve ready models (`serve.loading.load_engine` builds them from a repository).
-        `instances`: batches of one model that may run at once."""
+        `instances`: batches of one model that may run at once. `failed`: models of the
+        repository that did not load, and why (reported, never served)."""
         self.models = dict(models)
+        self.failed = dict(failed or {})
         self.default_model = default_model
         self.settings = settings or Settings()
         self.instances = instances
@@ -54,6 +57,8 @@ class Engine:
         name = name or self.default_model
         if name is None:
             raise ModelNotFound("no model named, and the repository has no default model")
+        if name in self.failed:
+            raise ModelNotReady(f"model {name} did not load: {self.failed[name]}", 60)
         try:
             return self.models[name]
         except KeyError:
@@ -70,12 +75,14 @@ class Engine:
             delay = model.info.max_queue_delay_s
             batcher = Batcher(model, delay, metrics, instances=self.instances)
             self.batchers[name] = batcher
+            self._tasks.append(asyncio.create_task(batcher.run(), name=f"batcher-{name}"))
             metrics.watch_bound_keys(name, model.executor.bound_key_count)
             info = model.info
             metrics.model_loaded(
                 name, info.version, model.strategy, info.plan.policy.value, info.invariance
             )
-            self._tasks.append(asyncio.create_task(batcher.run(), name=f"batcher-{name}"))
+        for name in self.failed:
+            metrics.model_failed(name)
 
     async def stop(self) -> None:
         for task in self._tasks:

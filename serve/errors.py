@@ -55,6 +55,12 @@ class Unavailable(BucketserveError):
         self.retry_after_s = retry_after_s
 
 
+class ModelNotReady(Unavailable):
+    """The model failed to load (a partial repository serves the others)."""
+
+    code = "model_not_ready"
+
+
 class DeadlineExceeded(BucketserveError):
     status = 504
     code = "deadline_exceeded"

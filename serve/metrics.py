@@ -116,6 +116,12 @@ class Metrics:
             ["model"],
             registry=r,
         )
+        self.load_failed = Gauge(
+            "bucketserve_model_load_failed",
+            "models of the repository that did not load (served partially; always 1)",
+            ["model"],
+            registry=r,
+        )
         self._tokens: dict[tuple[str, str], list[int]] = {}
 
     def render(self) -> bytes:
@@ -137,6 +143,9 @@ class Metrics:
         self.batching_difference.labels(model, "padding").set(invariance.padding)
         self.batching_difference.labels(model, "batching").set(invariance.batching)
         self.batching_tolerance.labels(model).set(invariance.tolerance)
+
+    def model_failed(self, model: str) -> None:
+        self.load_failed.labels(model).set(1)
 
     def batch_done(
         self,

@@ -79,6 +79,13 @@ class Settings:
             "sessions to share (default: $XDG_CACHE_HOME/bucketserve, else ~/.cache/bucketserve)"
         },
     )
+    allow_partial: bool = field(
+        default=False,
+        metadata={
+            "help": "serve the models that load when others fail (those report not ready, "
+            "with their error); without it, a model that fails to load stops the server"
+        },
+    )
     log_json: bool = field(default=False, metadata={"help": "log JSON lines instead of text"})
     log_level: str = field(default="info", metadata={"help": "debug, info, warning or error"})
 

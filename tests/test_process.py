@@ -4,7 +4,10 @@ load: readiness drops, admitted requests all complete, the process exits 0."""
 from __future__ import annotations
 
 import re
+import shutil
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -97,3 +100,31 @@ def test_sigterm_under_load_loses_no_admitted_request(models: Path) -> None:
     dropped = {"lost: RemoteProtocolError", "lost: ReadError"}
     assert set(outcomes) <= {"200", "503", "refused-connection", *dropped}
     assert log.count('"message": "drained: ') == 1  # said once, not once per caller
+
+
+def test_a_model_that_fails_to_load_stops_the_server_unless_partial(models: Path) -> None:
+    broken = models / "broken"
+    shutil.copytree(models / "tiny-encoder", broken)
+    config = (broken / "config.toml").read_text()
+    (broken / "config.toml").write_text(config.replace('role = "mask"', 'role = "maks"'))
+
+    stopped = subprocess.run(
+        [sys.executable, "-m", "serve.cli", "serve", "--models", str(models), "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert stopped.returncode == 2
+    assert f"{broken / 'config.toml'}: inputs.attention_mask.role:" in stopped.stderr
+    assert "--allow-partial" in stopped.stderr
+
+    with server_process(models, "--allow-partial", "--default-model", "tiny-encoder") as (
+        _,
+        url,
+        _log,
+    ):
+        assert httpx.post(f"{url}/predict", json={"sequences": [[1, 2]]}).status_code == 200
+        ready = httpx.get(f"{url}/v2/models/broken/ready")
+        assert ready.status_code == 503
+        assert "inputs.attention_mask.role" in ready.json()["error"]

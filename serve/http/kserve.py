@@ -53,7 +53,10 @@ async def live() -> Response:
     return json_response({"live": True})
 
 
-@router.get("/health/ready", summary="Readiness: models loaded and warm, not draining")
+@router.get(
+    "/health/ready",
+    summary="Readiness: every model that loaded is warm, and the server is not draining",
+)
 async def ready(request: Request) -> Response:
     is_ready = _ready(request)
     return json_response({"ready": is_ready}, 200 if is_ready else 503)
@@ -100,18 +103,39 @@ async def model_metadata(request: Request, name: str, version: str | None = None
 @router.get("/models/{name}/config", summary="Model configuration, as served")
 @router.get("/models/{name}/versions/{version}/config", summary="Model configuration, as served")
 async def model_config(request: Request, name: str, version: str | None = None) -> Response:
-    """The model's config.toml with fitted edges and command-line overrides applied (Triton
-    serves its model configuration at the same path); load generators read the bucket
-    edges from here."""
+    """The model's config.toml with fitted edges, overrides and what load found applied
+    (Triton serves its model configuration at the same path); load generators read the
+    bucket edges from here. A model that did not load says why."""
+    failed = engine_of(request).failed
+    if name in failed:
+        return json_response({"name": name, "ready": False, "error": failed[name]})
     return json_response(_model(request, name, version).info.served_config)
 
 
 @router.get("/models/{name}/ready", summary="Model readiness")
 @router.get("/models/{name}/versions/{version}/ready", summary="Model readiness")
 async def model_ready(request: Request, name: str, version: str | None = None) -> Response:
+    failed = engine_of(request).failed
+    if name in failed:
+        return json_response({"name": name, "ready": False, "error": failed[name]}, 503)
     model = _model(request, name, version)
     is_ready = _ready(request)
     return json_response({"name": model.name, "ready": is_ready}, 200 if is_ready else 503)
+
+
+@router.post("/repository/index", summary="Every model of the repository, and its state")
+async def repository_index(request: Request) -> Response:
+    """Triton's repository index: each model READY, or UNAVAILABLE with the reason."""
+    engine = engine_of(request)
+    ready = [
+        {"name": name, "version": str(model.info.version), "state": "READY"}
+        for name, model in engine.models.items()
+    ]
+    failed = [
+        {"name": name, "state": "UNAVAILABLE", "reason": error}
+        for name, error in engine.failed.items()
+    ]
+    return json_response(sorted(ready + failed, key=lambda entry: entry["name"]))
 
 
 @router.post("/models/{name}/infer", summary="Inference (JSON or binary tensors)")

@@ -26,7 +26,7 @@ from serve.loading.axes import Axes, probe_outputs, probe_shapes
 from serve.loading.check import Run, measure, random_sequences
 from serve.loading.config import BatchingConfig
 from serve.loading.report import log_verdict, served_config
-from serve.loading.repository import ModelSpec, load_repository
+from serve.loading.repository import PARTIAL_HINT, ModelSpec, load_repository
 from serve.loading.served_file import default_cache_dir, served_graph
 from serve.loading.signature import GraphTensor
 from serve.model import Model, ModelInfo, SequenceRules
@@ -230,18 +230,40 @@ def apply_overrides(spec: ModelSpec, settings: Settings) -> ModelSpec:
 
 
 def load_engine(settings: Settings | Path | str = "models") -> Engine:
-    """Every model of a repository (a folder, or full settings) ready, in an engine."""
+    """Every model of a repository (a folder, or full settings) ready, in an engine. A model
+    that fails to load stops it, unless `settings.allow_partial`: then the engine serves the
+    others and reports that one not ready, with why."""
     if not isinstance(settings, Settings):
         settings = Settings(models=Path(settings))
-    repository = load_repository(settings.models, settings.default_model)
+    repository = load_repository(settings.models, settings.default_model, settings.allow_partial)
     instances, threads = thread_layout(
         settings.instances,
         settings.intra_op_threads,
         all(runs_on_cpu(spec.config.providers) for spec in repository.models.values()),
     )
     init_process(threads)  # before the first session: the pool is the process's
-    models = {
-        name: build_model(apply_overrides(spec, settings), settings.strategy, settings.cache_dir)
-        for name, spec in repository.models.items()
-    }
-    return Engine(models, repository.default_model, settings, instances)
+    models, failed = {}, dict(repository.failed)
+    for name, spec in repository.models.items():
+        try:
+            models[name] = build_model(
+                apply_overrides(spec, settings), settings.strategy, settings.cache_dir
+            )
+        except Exception as exc:  # a ConfigError, or ONNX Runtime refusing the graph
+            error = _load_error(spec, exc)
+            if not settings.allow_partial:
+                others = len(repository.models) + len(repository.failed) > 1
+                raise ConfigError(error + (f" ({PARTIAL_HINT})" if others else "")) from exc
+            log.error("model %s did not load: %s", name, error)
+            failed[name] = error
+    if not models:
+        raise ConfigError(f"{settings.models}: no model loaded ({'; '.join(failed.values())})")
+    return Engine(models, repository.default_model, settings, instances, failed)
+
+
+def _load_error(spec: ModelSpec, exc: Exception) -> str:
+    """What to tell the operator: a ConfigError says file, field and fix already; anything
+    else is ONNX Runtime (or a bug, whose traceback goes to the log)."""
+    if isinstance(exc, ConfigError):
+        return exc.message
+    log.error("model %s: loading raised", spec.name, exc_info=exc)
+    return f"{spec.onnx_path}: ONNX Runtime could not load or run the model: {exc}"

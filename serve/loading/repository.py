@@ -2,14 +2,16 @@
 
 Scanned once at start. Produces one `ModelSpec` per servable model: its config, its files and
 its graph signature, all checked. A model that is built on demand (minilm) and not built yet is
-skipped with a warning that names the command that builds it.
+skipped with a warning that names the command that builds it. A model that fails its checks
+stops the load, unless a partial repository is allowed: then it is recorded as failed, with
+why, and the others are served.
 """
 
 from __future__ import annotations
 
 import logging
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from serve.errors import ConfigError
@@ -41,6 +43,10 @@ class Repository:
     root: Path
     models: dict[str, ModelSpec]
     default_model: str | None
+    failed: dict[str, str] = field(default_factory=dict)  # model -> why it did not load
+
+
+PARTIAL_HINT = "to serve the other models meanwhile, start with --allow-partial"
 
 
 def _versions(model_dir: Path) -> list[int]:
@@ -108,16 +114,30 @@ def _fit_buckets(config: ModelConfig, model_dir: Path, config_path: Path) -> Mod
     return config.model_copy(update={"batching": fitted})
 
 
-def load_repository(root: Path, default_model: str | None = None) -> Repository:
-    """Scan `root`; `default_model` (from settings) overrides the repository's own choice."""
+def load_repository(
+    root: Path, default_model: str | None = None, partial: bool = False
+) -> Repository:
+    """Scan `root`; `default_model` (from settings) overrides the repository's own choice.
+    With `partial`, a model that fails its checks is recorded as failed instead of stopping
+    the scan."""
     if not root.is_dir():
         raise ConfigError(f"{root}: model repository folder not found")
     models: dict[str, ModelSpec] = {}
-    for model_dir in sorted(p for p in root.iterdir() if (p / CONFIG_FILE).is_file()):
-        spec = load_model_spec(model_dir)
+    failed: dict[str, str] = {}
+    folders = sorted(p for p in root.iterdir() if (p / CONFIG_FILE).is_file())
+    for model_dir in folders:
+        try:
+            spec = load_model_spec(model_dir)
+        except ConfigError as exc:
+            if not partial:
+                hint = f" ({PARTIAL_HINT})" if len(folders) > 1 else ""
+                raise ConfigError(exc.message + hint) from None
+            log.error("model %s did not load: %s", model_dir.name, exc.message)
+            failed[model_dir.name] = exc.message
+            continue
         if spec is not None:
             models[spec.name] = spec
-    if not models:
+    if not models and not failed:
         raise ConfigError(f"{root}: no servable model (a model is a folder with {CONFIG_FILE})")
     repo_file = root / REPOSITORY_FILE
     source = "default model setting"
@@ -129,10 +149,10 @@ def load_repository(root: Path, default_model: str | None = None) -> Repository:
             )
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{repo_file}: not valid TOML: {exc}") from None
-    if default_model is None and len(models) == 1:
-        default_model = next(iter(models))
-    if default_model is not None and default_model not in models:
+    if default_model is None and len(models) + len(failed) == 1:
+        default_model = next(iter(models), None)
+    if default_model is not None and default_model not in models | failed:
         raise ConfigError(
             f"{source}: '{default_model}' is not a servable model (have {sorted(models)})"
         )
-    return Repository(root, models, default_model)
+    return Repository(root, models, default_model, failed)
