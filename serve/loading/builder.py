@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import time
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -149,6 +150,7 @@ def build_model(
     policy it allows, the executor, then bind and warm the keys that the config asks for.
     `strategy` overrides the config's mode and binding (tests, benchmarks); `cache_dir` is
     where session-per-key writes the weights its sessions share (default: the user's cache)."""
+    began = time.perf_counter()
     config, batching = spec.config, spec.config.batching
     wanted = strategy or (config.binding if config.mode == "bucketing" else "mutable")
     static = wanted == "session-per-key"
@@ -159,9 +161,11 @@ def build_model(
     session = create_session(graph, weights=SharedWeights(graph.path) if static else None)
     run = functools.partial(run_all, session)
     layout, rules = layout_of(spec, run), sequence_rules(spec)
+    checking = time.perf_counter()
     invariance, failures = measure(
         spec.name, run, layout, rules, batching.edges, batching.tolerance
     )
+    checked_s = time.perf_counter() - checking
     policy = invariance.policy if batching.policy == "auto" else Policy(batching.policy)
     log_verdict(spec.name, invariance, policy, batching.policy, failures)
     plan = BucketPlan(
@@ -176,6 +180,16 @@ def build_model(
         if spec.tokenizer_path is not None and config.tokenizer is not None
         else None
     )
+    described = served_config(  # (the providers in use: the load session's are the same)
+        spec,
+        layout,
+        rules,
+        executor.strategy,
+        session.get_providers(),
+        invariance,
+        policy,
+        failures,
+    )
     info = ModelInfo(
         name=spec.name,
         version=spec.version,
@@ -185,28 +199,23 @@ def build_model(
         max_queue_delay_s=batching.max_queue_delay_ms / 1000,
         queue_capacity=batching.queue_capacity,
         invariance=invariance,
-        served_config=served_config(  # (the providers in use: the load session's are the same)
-            spec,
-            layout,
-            rules,
-            executor.strategy,
-            session.get_providers(),
-            invariance,
-            policy,
-            failures,
-        ),
+        served_config=described,
     )
     model = Model(info, executor, tokenizer)
     keys = plan.all_keys() if batching.prepare == "all" and policy is Policy.BUCKETS else []
     for key in [plan.default_key, *keys]:
         model.prepare(key)
+    loaded_s = time.perf_counter() - began
+    described["load_seconds"] = {"total": round(loaded_s, 3), "check": round(checked_s, 3)}
     log.info(
-        "model %s v%d: %s, keys %s bound, providers %s",
+        "model %s v%d: %s, keys %s bound, providers %s; loaded in %.2f s (the check %.2f s)",
         spec.name,
         spec.version,
         executor.strategy,
         ", ".join(map(str, sorted(executor.bound_keys))),
         executor.providers,
+        loaded_s,
+        checked_s,
     )
     return model
 
