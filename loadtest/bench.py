@@ -46,8 +46,8 @@ from loadtest.loadgen import Result, closed_loop, encode_post, open_loop
 from loadtest.process import ROOT, running_server
 from serve.bucketing import BucketPlan
 from serve.loading import ModelSpec, load_model_spec
-from serve.loading.builder import layout_of
 from serve.loading.planner import padding_waste, power_of_two_edges
+from serve.loading.tensors import layout_of
 
 CONCURRENCY = 16
 TARGETS = {"ceiling_ratio": 0.85, "speedup_vs_off": 1.3, "padding_waste": 0.10}

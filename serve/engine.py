@@ -57,8 +57,8 @@ class Engine:
         name = name or self.default_model
         if name is None:
             raise ModelNotFound("no model named, and the repository has no default model")
-        if name in self.failed:
-            raise ModelNotReady(f"model {name} did not load: {self.failed[name]}", 60)
+        if name in self.failed:  # (a retry finds it failed until the server restarts)
+            raise ModelNotReady(f"model {name} did not load: {self.failed[name]}", retry_after_s=60)
         try:
             return self.models[name]
         except KeyError:

@@ -91,9 +91,6 @@ class Layout:
     def sequence(self) -> Input:
         return next(i for i in self.inputs if i.role in SEQUENCE_ROLES)
 
-    def input_of(self, role: InputRole) -> Input | None:
-        return next((i for i in self.inputs if i.role is role), None)
-
     def output(self, name: str) -> Tensor:
         return next(o for o in self.outputs if o.name == name)
 

@@ -53,10 +53,6 @@ class SequenceRules:
     feature_dim: int | None = None  # features: numbers per step
     reserved_ids: tuple[int, ...] = ()  # tokens: ids that may not appear inside a sequence
 
-    @property
-    def tokens(self) -> bool:
-        return self.vocab_size is not None
-
     def validate(self, item: Any, index: int = 0) -> np.ndarray:
         """One request item -> a sequence array, or InvalidInput saying what is wrong with it."""
         where = f"sequence {index}"
@@ -67,7 +63,7 @@ class SequenceRules:
         if array.ndim >= 1 and len(array) == 0:
             raise InvalidInput(f"{where}: empty")
         if self.vocab_size is not None:
-            self._check_tokens(array, where)
+            self._check_tokens(array, where, self.vocab_size)
         else:
             if array.ndim != 2 or array.dtype.kind not in "iuf":
                 raise InvalidInput(f"{where}: expected a list of {self.feature_dim}-number vectors")
@@ -83,11 +79,11 @@ class SequenceRules:
             )
         return array.astype(self.dtype, copy=False)
 
-    def _check_tokens(self, array: np.ndarray, where: str) -> None:
+    def _check_tokens(self, array: np.ndarray, where: str, vocab_size: int) -> None:
         if array.ndim != 1 or array.dtype.kind not in "iu":
             raise InvalidInput(f"{where}: expected a list of integer token ids")
-        if array.min() < 0 or array.max() >= (self.vocab_size or 0):
-            raise InvalidInput(f"{where}: token ids must lie in [0, {self.vocab_size})")
+        if array.min() < 0 or array.max() >= vocab_size:
+            raise InvalidInput(f"{where}: token ids must lie in [0, {vocab_size})")
         if self.reserved_ids:
             found = np.flatnonzero(np.isin(array, self.reserved_ids))
             if found.size:

@@ -21,7 +21,7 @@ from modelgen.save import save_model
 from serve.app import create_app
 from serve.engine import Engine
 from serve.loading import ModelSpec, load_engine, load_model_spec
-from serve.loading.builder import layout_of
+from serve.loading.tensors import layout_of
 from serve.runtime.sessions import init_process, run_all
 from serve.settings import Settings
 

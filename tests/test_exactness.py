@@ -7,8 +7,8 @@ import pytest
 
 from serve.bucketing import Policy
 from serve.loading import ModelSpec, build_model
-from serve.loading.builder import sequence_rules
 from serve.loading.check import random_sequences
+from serve.loading.tensors import sequence_rules
 from tests.helpers import Reference, lengths_over_buckets
 
 STRATEGIES = ["shared-session", "session-per-key", "mutable"]

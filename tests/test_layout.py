@@ -7,7 +7,7 @@ import pytest
 
 from serve.layout import Layout, Tensor
 from serve.loading import load_model_spec
-from serve.loading.builder import layout_of
+from serve.loading.tensors import layout_of
 from tests.helpers import MODELS
 
 

@@ -9,8 +9,8 @@ import httpx
 import numpy as np
 import pytest
 
-from serve.loading.builder import sequence_rules
 from serve.loading.check import random_sequences
+from serve.loading.tensors import sequence_rules
 from tests.helpers import Reference, copy_bundled, server_process, spec_of
 from tests.zoo import add_to
 

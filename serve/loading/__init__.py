@@ -1,9 +1,10 @@
 """Load time, apart from the request path: a model repository becomes ready models in an engine.
 
 config (config.toml, validated) -> signature (the graph's tensors as declared) -> axes (which
-is the batch, which is time) -> repository (folders, versions, files: a `ModelSpec`) ->
-planner (bucket edges fitted to lengths) -> check (what padding does to the model) -> builder
-(spec -> checked, bound, warm `Model`; `load_engine`).
+is the batch, which is time) -> repository (folders, versions, files: a `ModelSpec`; planner
+fits bucket edges) -> served_file (what sessions load) -> tensors (layout and rules, probing
+the model where needed) -> check (what padding and batching do to its answers) -> report (the
+verdict, said) -> builder (spec -> checked, bound, warm `Model`; `load_engine`).
 """
 
 from serve.loading.builder import build_model, load_engine

@@ -1,11 +1,10 @@
 """The builder: a model spec becomes a ready model, and a repository an engine.
 
-spec -> the file its sessions share (weights written out once if inline) -> a load-time
-session -> layout (outputs' axes probed where names do not settle them)
-and rules (what the request path reads) -> the invariance check and the policy it allows ->
-the bucket plan -> an executor over the graph -> the keys the config asks for bound and warm
--> `Model`.
-`load_engine` does it for every model of a repository, after sizing ONNX Runtime's threads.
+spec -> the file its sessions load (for session-per-key, written once so they share weights)
+-> a load-time session -> layout and rules (`tensors`) -> the invariance check and the policy
+it allows -> the bucket plan -> an executor -> the keys the config asks for bound and warm ->
+`Model`. `load_engine` does it for every model of a repository, after sizing ONNX Runtime's
+threads.
 """
 
 from __future__ import annotations
@@ -22,15 +21,13 @@ from tokenizers import Tokenizer
 from serve.bucketing import BucketPlan, Policy
 from serve.engine import Engine
 from serve.errors import ConfigError
-from serve.layout import Input, InputRole, Layout, Tensor
-from serve.loading.axes import Axes, probe_outputs, probe_shapes
-from serve.loading.check import Run, measure, random_sequences
+from serve.loading.check import measure
 from serve.loading.config import BatchingConfig
 from serve.loading.report import log_verdict, served_config
 from serve.loading.repository import PARTIAL_HINT, ModelSpec, load_repository
 from serve.loading.served_file import default_cache_dir, served_graph
-from serve.loading.signature import GraphTensor
-from serve.model import Model, ModelInfo, SequenceRules
+from serve.loading.tensors import layout_of, sequence_rules
+from serve.model import Model, ModelInfo
 from serve.runtime.executors import make_executor
 from serve.runtime.sessions import (
     create_session,
@@ -55,92 +52,6 @@ def load_tokenizer(path: Path, max_length: int) -> Tokenizer:
     tokenizer.no_padding()
     tokenizer.enable_truncation(max_length)
     return tokenizer
-
-
-def _tensor(graph: GraphTensor, axes: Axes) -> Tensor:
-    fixed = tuple(None if i in axes.free() else d for i, d in enumerate(graph.dims))
-    return Tensor(graph.name, graph.dtype, fixed, axes.batch, axes.time)  # type: ignore[arg-type]
-
-
-def layout_of(spec: ModelSpec, run: Run | None = None) -> Layout:
-    """The request path's view of the graph's tensors: roles, dtypes, batch and time axes.
-    Outputs whose axes the graph's names leave open are found by running the model (`run`)."""
-    sig, axes, config = spec.signature, spec.axes, spec.config
-    inputs = tuple(
-        Input(
-            _tensor(sig.inputs[name], axes.inputs[name]),
-            cfg.role,
-            cfg.fill if cfg.role is InputRole.STATE else cfg.pad_value,
-        )
-        for name, cfg in config.inputs.items()
-    )
-    outputs = {
-        name: _tensor(sig.outputs[name], found)
-        for name, found in axes.outputs.items()
-        if found is not None
-    }
-    if axes.unresolved:
-        outputs |= _probe(spec, Layout(inputs, ()), run)
-    return Layout(inputs, tuple(outputs[name] for name in config.outputs))
-
-
-def _probe(spec: ModelSpec, inputs: Layout, run: Run | None) -> dict[str, Tensor]:
-    """The open outputs' axes, from the model run at two shapes."""
-    names = spec.axes.unresolved
-
-    def fail(field: str, message: str) -> ConfigError:
-        return ConfigError(f"{spec.onnx_path}: {field}: {message}")
-
-    if run is None:
-        raise fail(f"outputs.{names[0]}", "its axes are found by running the model")
-    points = probe_shapes(spec.config.batching.longest)
-    shapes = []
-    for seed, (rows, length) in enumerate(points):
-        sequences = random_sequences(sequence_rules(spec), [length] * rows, seed)
-        try:
-            outputs = run(inputs.collate(sequences, rows, length))
-        except Exception as exc:  # ONNX Runtime raises its own types for a failed run
-            raise fail(
-                f"outputs.{names[0]}",
-                f"running the model on {rows} sequences of length {length}, to find the axes "
-                f"of {names}, failed ({exc}): name them in config.toml (batch_axis, time_axis)",
-            ) from None
-        shapes.append({name: outputs[name].shape for name in names})
-    found = probe_outputs(names, points, (shapes[0], shapes[1]), spec.config, fail)
-    sig = spec.signature
-    return {
-        name: Tensor(name, sig.outputs[name].dtype, fixed, axes.batch, axes.time)
-        for name, (axes, fixed) in found.items()
-    }
-
-
-def sequence_rules(spec: ModelSpec) -> SequenceRules:
-    """What a valid sequence is for this model, checked at the edge."""
-    config = spec.config
-    name = config.sequence_input
-    cfg, tensor = config.inputs[name], spec.signature.inputs[name]
-    free = spec.axes.inputs[name].free()
-    features = [d for i, d in enumerate(tensor.dims) if i not in free]
-    if cfg.role is InputRole.FEATURES:
-        (feature_dim,) = features  # fixed: `axes` refuses any other free dim
-        assert isinstance(feature_dim, int)
-        return SequenceRules(tensor.dtype, config.batching.longest, feature_dim=feature_dim)
-    return SequenceRules(
-        tensor.dtype,
-        config.batching.longest,
-        vocab_size=cfg.vocab_size,
-        reserved_ids=tuple(reserved_ids(spec)),
-    )
-
-
-def reserved_ids(spec: ModelSpec) -> list[int]:
-    """Token ids refused inside a sequence: the config's, or by default the pad id when no mask
-    or lengths input tells the model where padding is (then the pad id is how it knows)."""
-    cfg = spec.config.inputs[spec.config.sequence_input]
-    if cfg.reserved_ids is not None:
-        return sorted(set(cfg.reserved_ids))
-    told = {InputRole.MASK, InputRole.LENGTHS} & {i.role for i in spec.config.inputs.values()}
-    return [] if told else [int(cfg.pad_value)]
 
 
 def build_model(
