@@ -120,8 +120,9 @@ class Executor(ABC):
             binding.lock.release()
 
 
-class SharedSessionExecutor(Executor):
-    strategy = "shared-session"
+class _OneSessionExecutor(Executor):
+    """Every key on one session (the load-time one when given); a batch runs its real rows at
+    its own longest sequence."""
 
     def __init__(
         self,
@@ -139,6 +140,10 @@ class SharedSessionExecutor(Executor):
 
     def batch_shape(self, key: BucketKey, lengths: Sequence[int]) -> tuple[int, int]:
         return len(lengths), max(lengths)
+
+
+class SharedSessionExecutor(_OneSessionExecutor):
+    strategy = "shared-session"
 
     def _bind(self, key: BucketKey) -> BufferBinding:
         return BufferBinding(self._session, self.layout, [(key.rows, key.length)])
@@ -177,7 +182,7 @@ class SessionPerKeyExecutor(Executor):
         return BufferBinding(session, self.layout, [(key.rows, key.length)])
 
 
-class MutableExecutor(Executor):
+class MutableExecutor(_OneSessionExecutor):
     strategy = "mutable"
 
     def __init__(
@@ -188,16 +193,8 @@ class MutableExecutor(Executor):
         session: ort.InferenceSession | None = None,
     ) -> None:
         super().__init__(graph, layout, plan, session)
-        self._session = session or create_session(graph)
         self._shapes = [(k.rows, k.length) for k in plan.all_keys()]
         self._families[None] = [self._bind(plan.default_key)]  # bound once, at the max shape
-
-    @property
-    def sessions(self) -> list[ort.InferenceSession]:
-        return [self._session]
-
-    def batch_shape(self, key: BucketKey, lengths: Sequence[int]) -> tuple[int, int]:
-        return len(lengths), max(lengths)
 
     def _bind(self, key: BucketKey) -> BufferBinding:
         return BufferBinding(self._session, self.layout, self._shapes)
