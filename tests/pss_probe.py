@@ -6,6 +6,8 @@ bound keys, sessions. The weights cache is the environment's (XDG_CACHE_HOME).
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import json
 import sys
 from pathlib import Path
@@ -15,6 +17,10 @@ from serve.loading.check import random_sequences
 
 
 def pss_bytes() -> int:
+    """Pss once freed heap is given back: what load time freed (the weights cache written, its
+    folding session) would otherwise inflate one reading and not the other."""
+    gc.collect()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
     with open("/proc/self/smaps_rollup") as f:
         return next(int(line.split()[1]) * 1024 for line in f if line.startswith("Pss:"))
 
