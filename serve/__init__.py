@@ -2,8 +2,9 @@
 
 Three rooms. Load time, `serve.loading`: a model repository becomes ready models (checked,
 bound, warm). The request path, top to bottom: `http` (decode and validate at the edge) ->
-`engine` (admission) -> `batcher` (length buckets) -> `model` (collate -> run -> split, with
-`layout` and `bucketing`) -> `runtime` (ONNX Runtime executors). The process around them:
+`engine` (which model) -> `scheduler` (admission, the length-bucket `queues`, the instances)
+-> `model` (collate -> run -> split, with `layout` and `bucketing`) -> `runtime` (ONNX
+Runtime executors). The process around them:
 `app`, `server`, `cli`, with `settings`, `metrics`, `logs` and `errors` shared by all.
 
 `load_engine("models")` is the Python entry point: its `model(name).predict(...)` answers.

@@ -32,6 +32,8 @@ class InputRole(StrEnum):
 
 SEQUENCE_ROLES = (InputRole.TOKENS, InputRole.FEATURES)
 
+Outputs = dict[str, np.ndarray]  # one sequence's outputs, by name
+
 
 @dataclass(frozen=True)
 class Tensor:
@@ -132,11 +134,9 @@ class Layout:
             feeds[tensor.name] = tensor.to_model_axes(batch)
         return feeds
 
-    def split(
-        self, outputs: Mapping[str, np.ndarray], lengths: Sequence[int]
-    ) -> list[dict[str, np.ndarray]]:
+    def split(self, outputs: Mapping[str, np.ndarray], lengths: Sequence[int]) -> list[Outputs]:
         """One dict per real row: pad rows dropped, per-step outputs cut to the row's length."""
-        rows: list[dict[str, np.ndarray]] = [{} for _ in lengths]
+        rows: list[Outputs] = [{} for _ in lengths]
         for tensor in self.outputs:
             if tensor.name not in outputs:
                 continue

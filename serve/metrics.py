@@ -1,8 +1,8 @@
 """Prometheus metrics: one object records everything, so no endpoint keeps a copy of the logic.
 
-HTTP requests are recorded by the request-context middleware; batches, drops and queue depth
-by the batcher through the `BatchObserver` methods; rejections by admission; what load found
-about each model (its policy and the invariance check's figures) by the engine at start.
+HTTP requests are recorded by the request-context middleware; admissions, rejections, batches,
+drops and queue depth by the scheduler (its `Observer`); what load found about each model (its
+policy and the invariance check's figures) by the engine at start.
 Label values are bounded: `bucket` is always one of a model's configured edges.
 """
 

@@ -1,7 +1,7 @@
 """A served model: validation at the edge, then collate -> run -> split for each batch.
 
 Built ready by `serve.loading` (checked, bound, warm); the request path only reads it.
-`Model.predict(sequences)` is the Python API; the server's batcher calls `run_batch` with
+`Model.predict(sequences)` is the Python API; the server's scheduler calls `run_batch` with
 batches it formed itself across requests. The model runs batches through a `Runner` (an ONNX
 Runtime executor, or a fake in tests) and never imports ONNX Runtime itself.
 """
@@ -16,12 +16,10 @@ import numpy as np
 
 from serve.bucketing import BucketKey, BucketPlan, Invariance
 from serve.errors import InvalidInput
-from serve.layout import Layout
+from serve.layout import Layout, Outputs
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
-
-Outputs = dict[str, np.ndarray]
 
 
 class Runner(Protocol):

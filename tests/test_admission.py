@@ -40,7 +40,7 @@ async def test_full_queue_gets_503_with_retry_after_and_admitted_requests_succee
             asyncio.create_task(client.post("/predict", json={"sequences": [[i + 1] * 20]}))
             for i in range(8)
         ]
-        await until(lambda: engine.batchers["fake"].depth == 8)
+        await until(lambda: engine.schedulers["fake"].depth == 8)
 
         started = time.monotonic()
         refused = await asyncio.gather(
@@ -78,7 +78,7 @@ async def test_deadline_gives_504_and_the_request_is_never_computed() -> None:
         # the held batch passed its deadline too: answered 504 on time, not left hanging
         assert (await running).status_code == 504
         log.gate.set()
-        await engine.batchers["fake"].wait_idle()
+        await engine.schedulers["fake"].settled()
         metrics = (await client.get("/metrics")).text
 
     assert short.status_code == longer.status_code == 504
@@ -98,13 +98,13 @@ async def test_abandoned_request_is_dropped_before_compute() -> None:
         abandoned = asyncio.create_task(
             engine.infer(model, [np.full(50, 4, np.int64)], engine.deadline(None))
         )
-        await until(lambda: engine.batchers["fake"].depth == 1)
+        await until(lambda: engine.schedulers["fake"].depth == 1)
         abandoned.cancel()  # what the HTTP layer does when the client disconnects
         log.gate.set()
         assert (await running).status_code == 200
         answer = await client.post("/predict", json={"sequences": [[5] * 50]})  # wakes the batcher
         assert answer.status_code == 200
-        await engine.batchers["fake"].wait_idle()
+        await engine.schedulers["fake"].settled()
         metrics = (await client.get("/metrics")).text
     assert [lengths for _, lengths in log.batches] == [[3], [50]]  # only the live 50
     assert 'bucketserve_dropped_total{model="fake",reason="cancelled"} 1.0' in metrics

@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from serve.batcher import Outputs
 from serve.errors import InvalidInput
-from serve.layout import Input, InputRole
+from serve.layout import Input, InputRole, Outputs
 from serve.model import Model
 
 LENGTHS_INPUT = "sequence_lengths"  # each row's length, for models without a mask or lengths
