@@ -16,11 +16,12 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 
 from serve.engine import Engine
-from serve.errors import BucketserveError, InvalidInput
+from serve.errors import BucketserveError, InvalidInput, ModelNotReady
 from serve.http import kserve, predict
 from serve.http.common import SERVER_VERSION, ClientGone, error_response, json_response
 from serve.http.context import RequestContext
 from serve.loading import load_engine
+from serve.logs import Throttled
 from serve.metrics import Metrics
 from serve.settings import Settings
 
@@ -58,14 +59,26 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     async def prometheus() -> Response:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
+    throttled = Throttled(log)
+
     @app.exception_handler(BucketserveError)
     async def on_error(request: Request, exc: BucketserveError) -> Response:
+        if exc.status < 500 or isinstance(exc, ModelNotReady):  # (admission counts its own)
+            metrics.reject(exc.code)
         if exc.status >= 500:
-            log.warning("%s %s: %s", request.method, request.url.path, exc.message)
+            throttled.log(
+                logging.WARNING,
+                exc.code,
+                "%s %s: %s",
+                request.method,
+                request.url.path,
+                exc.message,
+            )
         return error_response(exc)
 
     @app.exception_handler(ClientGone)
     async def on_client_gone(request: Request, exc: ClientGone) -> Response:
+        throttled.log(logging.INFO, "client_gone", "a client left before its answer")
         return Response(status_code=CLIENT_CLOSED)
 
     @app.exception_handler(RequestValidationError)
@@ -75,7 +88,11 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     @app.exception_handler(HTTPException)
     async def on_http(request: Request, exc: HTTPException) -> Response:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-        return json_response({"error": {"code": code, "message": str(exc.detail)}}, exc.status_code)
+        return json_response(
+            {"error": {"code": code, "message": str(exc.detail)}},
+            exc.status_code,
+            dict(exc.headers or {}),  # 405's Allow
+        )
 
     @app.exception_handler(Exception)
     async def on_bug(request: Request, exc: Exception) -> Response:

@@ -56,7 +56,8 @@ class Engine:
         try:
             return self.models[name]
         except KeyError:
-            raise ModelNotFound(f"unknown model '{name}' (have {sorted(self.models)})") from None
+            shown = name if len(name) <= 64 else name[:64] + "..."
+            raise ModelNotFound(f"unknown model {shown!r} (have {sorted(self.models)})") from None
 
     # -- serving (inside an event loop) --------------------------------------------------
 

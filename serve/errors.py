@@ -39,6 +39,13 @@ class PayloadTooLarge(BucketserveError):
     code = "payload_too_large"
 
 
+class UnsupportedMediaType(BucketserveError):
+    """A body in a content type the route does not take (a form, text/plain)."""
+
+    status = 415
+    code = "unsupported_media_type"
+
+
 class InvalidInput(BucketserveError):
     status = 422
     code = "invalid_input"

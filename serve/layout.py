@@ -143,7 +143,8 @@ class Layout:
             out = tensor.to_batch_major(outputs[tensor.name])
             for row, length in enumerate(lengths):
                 part = out[row, :length] if tensor.per_step else out[row]
-                rows[row][tensor.name] = np.ascontiguousarray(part)
+                # (contiguous for the JSON encoder; ascontiguousarray would make a scalar [x])
+                rows[row][tensor.name] = part if part.flags.c_contiguous else part.copy()
         return rows
 
 

@@ -1,10 +1,12 @@
-"""Logging setup: text for people, or JSON lines for log pipelines (`--log-json`)."""
+"""Logging setup: text for people, or JSON lines for log pipelines (`--log-json`); and a
+throttle for what can repeat thousands of times a minute."""
 
 from __future__ import annotations
 
 import json
 import logging
 import time
+from collections.abc import Callable
 
 
 class JsonLines(logging.Formatter):
@@ -31,3 +33,28 @@ def configure(level: str = "info", as_json: bool = False) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+
+
+class Throttled:
+    """Says a repeated thing at most once every `every` seconds per kind, with how many more
+    happened in between: a minute of overload must not be eleven thousand log lines."""
+
+    def __init__(
+        self,
+        logger: logging.Logger,
+        every: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._logger, self._every, self._clock = logger, every, clock
+        self._last: dict[str, tuple[float, int]] = {}  # kind -> (when said, held back since)
+
+    def log(self, level: int, kind: str, message: str, *args: object) -> None:
+        now = self._clock()
+        said, held = self._last.get(kind, (-self._every, 0))
+        if now - said < self._every:
+            self._last[kind] = (said, held + 1)
+            return
+        if held:
+            message += f" (and {held} more like it in the last {now - said:.0f} s)"
+        self._logger.log(level, message, *args)
+        self._last[kind] = (now, 0)

@@ -69,13 +69,17 @@ class SequenceRules:
                 raise InvalidInput(
                     f"{where}: each step needs {self.feature_dim} features, got {array.shape[1]}"
                 )
-            if not np.isfinite(array).all():
-                raise InvalidInput(f"{where}: features must be finite (no NaN or infinity)")
         if len(array) > self.max_length:
             raise InvalidInput(
                 f"{where}: length {len(array)} exceeds the longest bucket ({self.max_length})"
             )
-        return array.astype(self.dtype, copy=False)
+        with np.errstate(over="ignore"):  # an overflow shows as infinity, refused just below
+            converted = array.astype(self.dtype, copy=False)
+        if converted.dtype.kind == "f" and not np.isfinite(converted).all():  # 1e39 -> inf
+            raise InvalidInput(
+                f"{where}: features must be finite numbers that fit {converted.dtype.name}"
+            )
+        return converted
 
     def _check_tokens(self, array: np.ndarray, where: str, vocab_size: int) -> None:
         if array.ndim != 1 or array.dtype.kind not in "iu":
@@ -104,6 +108,7 @@ class ModelInfo:
     max_queue_delay_s: float
     queue_capacity: int
     invariance: Invariance  # what batching was measured to do to the answers
+    text_chars: int | None  # texts are cut to this many characters before tokenising
     served_config: Mapping[str, Any]  # the config route's body: the config as served
 
 
@@ -134,7 +139,8 @@ class Model:
         """Texts -> token id sequences, for models whose config names a tokenizer."""
         if self.tokenizer is None:
             raise InvalidInput(f"model {self.name} has no tokenizer: send 'sequences'")
-        encodings = self.tokenizer.encode_batch(list(texts))
+        chars = self.info.text_chars
+        encodings = self.tokenizer.encode_batch([t[:chars] for t in texts])
         return [np.asarray(e.ids, dtype=self.info.rules.dtype) for e in encodings]
 
     def batch_shape(self, key: BucketKey, lengths: Sequence[int]) -> tuple[int, int]:

@@ -40,6 +40,10 @@ class Settings:
     max_sequences: int = field(
         default=256, metadata={"help": "most sequences in one request (422 above)"}
     )
+    max_request_tokens: int = field(
+        default=65_536,
+        metadata={"help": "most tokens (or steps) in one request, all sequences together (422)"},
+    )
     drain_timeout_s: float = field(
         default=30.0,
         metadata={"help": "on SIGTERM, the longest wait for admitted requests before exiting"},
@@ -92,7 +96,13 @@ class Settings:
     def __post_init__(self) -> None:
         if self.strategy is not None and self.strategy not in STRATEGIES:
             raise ConfigError(f"strategy: {self.strategy!r} is not one of {', '.join(STRATEGIES)}")
-        for name in ("port", "request_timeout_ms", "max_body_bytes", "max_sequences"):
+        for name in (
+            "port",
+            "request_timeout_ms",
+            "max_body_bytes",
+            "max_sequences",
+            "max_request_tokens",
+        ):
             if getattr(self, name) <= 0 and not (name == "port" and self.port == 0):
                 raise ConfigError(f"{name}: must be positive, got {getattr(self, name)}")
         for name in ("instances", "intra_op_threads"):

@@ -92,6 +92,7 @@ def fake_model(
         max_queue_delay_s=max_queue_delay_ms / 1000,
         queue_capacity=queue_capacity,
         invariance=Invariance(padding=0.0, batching=0.0, tolerance=1e-4),
+        text_chars=None,
         served_config={"name": name, "version": "1", "strategy": "fake"},
     )
     executor = FakeExecutor()

@@ -67,3 +67,22 @@ def test_split_drops_pad_rows_and_cuts_per_step_outputs() -> None:
     np.testing.assert_array_equal(parts[0]["steps"], outputs["steps"][0, :3])
     np.testing.assert_array_equal(parts[1]["steps"], outputs["steps"][1])
     np.testing.assert_array_equal(parts[1]["pooled"], [2, 3])
+
+
+def test_split_keeps_a_scalar_per_sequence_a_scalar_and_copies_moved_axes() -> None:
+    layout = Layout(
+        (),
+        (
+            Tensor("score", np.dtype(np.float32), (None,), batch_axis=0),
+            Tensor("frames", np.dtype(np.float32), (None, None, 2), batch_axis=1, time_axis=0),
+        ),
+    )
+    outputs = {
+        "score": np.array([0.5, 1.5, 2.5], np.float32),
+        "frames": np.arange(4 * 3 * 2, dtype=np.float32).reshape(4, 3, 2),  # [T, B, 2]
+    }
+    parts = layout.split(outputs, [4, 2])
+    assert parts[1]["score"].shape == ()
+    assert float(parts[1]["score"]) == 1.5
+    np.testing.assert_array_equal(parts[1]["frames"], outputs["frames"][:2, 1])
+    assert parts[1]["frames"].flags.c_contiguous

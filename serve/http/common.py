@@ -1,23 +1,37 @@
-"""What every route shares: reading a bounded body, JSON in and out, deadlines, disconnects."""
+"""What every route shares: reading a bounded body of an accepted type, JSON in and out, large
+bodies decoded off the event loop, deadlines, token budgets, disconnects."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable, Sequence
 from importlib.metadata import version
 from typing import Any, TypeVar
 
 import numpy as np
 import orjson
 from fastapi import Request, Response
+from starlette.requests import ClientDisconnect
 
 from serve.engine import Engine
-from serve.errors import BucketserveError, MalformedRequest, PayloadTooLarge, Unavailable
+from serve.errors import (
+    BucketserveError,
+    InvalidInput,
+    MalformedRequest,
+    PayloadTooLarge,
+    Unavailable,
+    UnsupportedMediaType,
+)
 
 T = TypeVar("T")
 
 TIMEOUT_HEADER = "x-request-timeout-ms"
 SERVER_VERSION = version("bucketserve")  # pyproject.toml's
+JSON = "application/json"
+BINARY = "application/octet-stream"
+# A body this large is decoded in a worker thread: 8 MB of JSON takes ~150 ms, which on the
+# event loop would hold every other request back.
+OFF_LOOP_BYTES = 64 * 1024
 
 
 class ClientGone(Exception):
@@ -29,22 +43,47 @@ def engine_of(request: Request) -> Engine:
     return engine
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The whole body, refused with 413 as soon as it passes `limit` bytes."""
+async def read_body(request: Request, limit: int, media_types: Sequence[str] = (JSON,)) -> bytes:
+    """The whole body, refused with 413 as soon as it passes `limit` bytes, and with 415 when
+    it says it is of a type the route does not take (a form or text/plain is what a web page
+    can make a browser send to a server on localhost). A client that leaves mid-upload is
+    `ClientGone`, not an error."""
+    media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if media and media not in media_types:
+        raise UnsupportedMediaType(f"Content-Type {media[:64]!r}: send {' or '.join(media_types)}")
     declared = request.headers.get("content-length")
     if declared is not None:
-        if not declared.isdigit():
+        if not (declared.isascii() and declared.isdigit()):
             raise MalformedRequest("Content-Length is not a number")
         if int(declared) > limit:
             raise PayloadTooLarge(f"body of {declared} bytes exceeds the limit of {limit}")
     if request.headers.get("content-encoding", "identity") != "identity":
         raise MalformedRequest("compressed request bodies are not supported")
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise PayloadTooLarge(f"body exceeds the limit of {limit} bytes")
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise PayloadTooLarge(f"body exceeds the limit of {limit} bytes")
+    except ClientDisconnect:
+        raise ClientGone from None
     return bytes(body)
+
+
+async def off_loop(decode: Callable[..., T], raw: bytes, *args: Any) -> T:
+    """`decode(raw, *args)`: inline for a small body, in a worker thread for a large one."""
+    if len(raw) < OFF_LOOP_BYTES:
+        return decode(raw, *args)
+    return await asyncio.to_thread(decode, raw, *args)
+
+
+def within_token_budget(sequences: Sequence[np.ndarray], limit: int) -> None:
+    """One request's cost is bounded: its sequences' tokens (or steps) at most `limit`."""
+    tokens = sum(len(s) for s in sequences)
+    if tokens > limit:
+        raise InvalidInput(
+            f"the request holds {tokens} tokens, more than the limit of {limit} per request"
+        )
 
 
 def parse_json(raw: bytes) -> Any:

@@ -8,21 +8,33 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 from fastapi import APIRouter, Request, Response
 
 from serve.errors import InvalidInput, ModelNotFound
 from serve.http.common import (
+    BINARY,
+    JSON,
     SERVER_VERSION,
     engine_of,
     json_response,
+    off_loop,
     read_body,
     request_timeout_ms,
     unless_client_leaves,
+    within_token_budget,
 )
 from serve.http.rows import sequences_from_tensors, stack_outputs
-from serve.http.tensors import DATATYPE_OF, decode_request, encode_response
+from serve.http.tensors import (
+    DATATYPE_OF,
+    Decoded,
+    decode_request,
+    encode_response,
+    header_length,
+)
 from serve.layout import InputRole, Tensor
 from serve.model import Model
+from serve.settings import Settings
 
 router = APIRouter(prefix="/v2", tags=["KServe v2"])
 
@@ -138,6 +150,16 @@ async def repository_index(request: Request) -> Response:
     return json_response(sorted(ready + failed, key=lambda entry: entry["name"]))
 
 
+def _decode(
+    body: bytes, json_length: int | None, model: Model, settings: Settings
+) -> tuple[Decoded, list[np.ndarray], int]:
+    """The request's tensors, and its rows as validated sequences (T: the steps sent)."""
+    parsed = decode_request(body, json_length)
+    sequences, steps = sequences_from_tensors(model, parsed.inputs, settings.max_sequences)
+    within_token_budget(sequences, settings.max_request_tokens)
+    return parsed, sequences, steps
+
+
 @router.post("/models/{name}/infer", summary="Inference (JSON or binary tensors)")
 @router.post(
     "/models/{name}/versions/{version}/infer", summary="Inference (JSON or binary tensors)"
@@ -145,15 +167,16 @@ async def repository_index(request: Request) -> Response:
 async def infer(request: Request, name: str, version: str | None = None) -> Response:
     engine = engine_of(request)
     model = _model(request, name, version)
-    body = await read_body(request, engine.settings.max_body_bytes)
-    parsed = decode_request(body, request.headers.get(HEADER_LENGTH))
+    body = await read_body(request, engine.settings.max_body_bytes, (JSON, BINARY))
+    json_length = header_length(request.headers.get(HEADER_LENGTH), len(body))
+    parsed, sequences, steps = await off_loop(_decode, body, json_length, model, engine.settings)
     known = model.info.layout.output_names
     wanted = parsed.outputs or dict.fromkeys(known, parsed.binary_by_default)
     for out in wanted:
         if out not in known:
             raise InvalidInput(f"model {model.name} has no output {out}")
-    sequences, steps = sequences_from_tensors(model, parsed.inputs, engine.settings.max_sequences)
-    deadline = engine.deadline(request_timeout_ms(request))
+    timeouts = [t for t in (request_timeout_ms(request), parsed.timeout_ms) if t is not None]
+    deadline = engine.deadline(min(timeouts, default=None))
     answers = await unless_client_leaves(request, engine.infer(model, sequences, deadline))
     tensors = stack_outputs(model, answers, list(wanted), steps)
     header: dict[str, Any] = {"model_name": model.name, "model_version": str(model.info.version)}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -14,10 +15,12 @@ from serve.errors import InvalidInput, MalformedRequest
 from serve.http.common import (
     engine_of,
     json_response,
+    off_loop,
     parse_json,
     read_body,
     request_timeout_ms,
     unless_client_leaves,
+    within_token_budget,
 )
 from serve.model import Model
 
@@ -44,15 +47,25 @@ class PredictResponse(BaseModel):
     outputs: list[dict[str, Any]] = Field(description="one per input sequence, in order")
 
 
-async def parse_items(
-    body: Any, model_of: Callable[[str | None], Model], max_sequences: int
-) -> tuple[Model, list[np.ndarray], list[str]]:
-    """The body's model and its validated sequences; every mistake named, before queueing."""
+@dataclass(frozen=True)
+class Parsed:
+    model: Model
+    wanted: list[str]
+    sequences: list[np.ndarray] | None  # validated ('sequences')
+    texts: list[str] | None  # to tokenise ('text')
+
+
+def parse_predict(
+    raw: bytes, model_of: Callable[[str | None], Model], max_sequences: int
+) -> Parsed:
+    """The body's model, outputs and items, every mistake named before anything queues."""
+    body = parse_json(raw)
     if not isinstance(body, dict):
         raise MalformedRequest("body must be a JSON object")
     unknown = set(body) - FIELDS
     if unknown:
-        raise InvalidInput(f"unknown field(s) {sorted(unknown)}; expected {sorted(FIELDS)}")
+        shown = sorted(str(u)[:64] for u in unknown)[:5]
+        raise InvalidInput(f"unknown field(s) {shown}; expected {sorted(FIELDS)}")
     name = body.get("model")
     if name is not None and not isinstance(name, str):
         raise InvalidInput("'model' must be a string")
@@ -71,8 +84,13 @@ async def parse_items(
     if field == "text":
         if not all(isinstance(t, str) for t in items):
             raise InvalidInput("'text' must be a list of strings")
-        items = await asyncio.to_thread(model.encode, items)  # tokenising off the event loop
-    return model, [model.validate(item, i) for i, item in enumerate(items)], wanted
+        return Parsed(model, wanted, None, items)
+    return Parsed(model, wanted, [model.validate(item, i) for i, item in enumerate(items)], None)
+
+
+def encode_texts(model: Model, texts: list[str]) -> list[np.ndarray]:
+    """Texts tokenised (each cut by characters first, then by tokens) and validated."""
+    return [model.validate(seq, i) for i, seq in enumerate(model.encode(texts))]
 
 
 def _wanted_outputs(names: Any, model: Model) -> list[str]:
@@ -102,10 +120,18 @@ def _wanted_outputs(names: Any, model: Model) -> list[str]:
 )
 async def predict(request: Request) -> Response:
     engine = engine_of(request)
-    body = parse_json(await read_body(request, engine.settings.max_body_bytes))
-    model, sequences, wanted = await parse_items(body, engine.model, engine.settings.max_sequences)
+    settings = engine.settings
+    raw = await read_body(request, settings.max_body_bytes)
+    parsed = await off_loop(parse_predict, raw, engine.model, settings.max_sequences)
+    sequences = parsed.sequences
+    if sequences is None:  # tokenising runs off the event loop, whatever its size
+        assert parsed.texts is not None
+        sequences = await asyncio.to_thread(encode_texts, parsed.model, parsed.texts)
+    within_token_budget(sequences, settings.max_request_tokens)
     deadline = engine.deadline(request_timeout_ms(request))
+    model = parsed.model
     outputs = await unless_client_leaves(request, engine.infer(model, sequences, deadline))
+    wanted = parsed.wanted
     return json_response(
         {"model": model.name, "outputs": [{n: out[n] for n in wanted} for out in outputs]}
     )

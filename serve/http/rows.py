@@ -34,6 +34,8 @@ def _from_mask(inp: Input, given: np.ndarray, rows: int, steps: int) -> np.ndarr
             f"input {name}: expected shape {list(expected)}, got {list(given.shape)}"
         )
     given = inp.tensor.to_batch_major(given)
+    if not np.isin(given, (0, 1)).all():
+        raise InvalidInput(f"input {name}: a mask holds 1 (a real step) or 0 (padding) only")
     lengths: np.ndarray = (given != 0).sum(axis=1)
     if not (given.astype(bool) == (np.arange(steps) < lengths[:, None])).all():
         raise InvalidInput(f"input {name}: each row must be ones followed by zeros")

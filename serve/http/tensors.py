@@ -16,6 +16,7 @@ import orjson
 
 from serve.errors import InvalidInput, MalformedRequest
 from serve.http.common import parse_json
+from serve.http.schemas import InferRequest, InputTensor, validate
 
 DATATYPES: dict[str, np.dtype] = {
     name: np.dtype(t)
@@ -38,87 +39,101 @@ DATATYPE_OF = {dtype: name for name, dtype in DATATYPES.items()}
 
 
 @dataclass(frozen=True)
-class InferRequest:
+class Decoded:
     id: str | None
     inputs: dict[str, np.ndarray]
     outputs: dict[str, bool] | None  # requested output -> send as binary; None: all outputs
     binary_by_default: bool
+    timeout_ms: float | None  # the request's own deadline, if it gave one (Triton's timeout)
 
 
-def _tensor(spec: Any, binary: memoryview, offset: int) -> tuple[str, np.ndarray, int]:
-    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
-        raise MalformedRequest("each input needs a 'name'")
-    name = spec["name"]
-    shape, datatype = spec.get("shape"), spec.get("datatype")
-    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
-        raise MalformedRequest(f"input {name}: 'shape' must be a list of non-negative integers")
-    if datatype not in DATATYPES:
+def _fits(values: np.ndarray, dtype: np.dtype, name: str, datatype: str) -> np.ndarray:
+    """JSON values converted to `dtype`, or InvalidInput when one would change on the way: an
+    integer out of range (INT8 300 would wrap to 44), a float that overflows to infinity."""
+    if values.size == 0:
+        return values.astype(dtype)
+    kinds = "b" if dtype.kind == "b" else ("iu" if dtype.kind in "iu" else "iuf")
+    if values.dtype.kind not in kinds:
+        raise InvalidInput(f"input {name}: values do not fit datatype {datatype}")
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        if values.min() < info.min or values.max() > info.max:
+            raise InvalidInput(
+                f"input {name}: values must lie in [{info.min}, {info.max}] for {datatype}"
+            )
+    with np.errstate(over="ignore"):  # an overflow shows as infinity, refused just below
+        converted = values.astype(dtype)
+    if dtype.kind == "f" and not np.isfinite(converted).all():
+        raise InvalidInput(f"input {name}: values must be finite {datatype} numbers")
+    return converted
+
+
+def _tensor(spec: InputTensor, binary: memoryview, offset: int) -> tuple[np.ndarray, int]:
+    """One input tensor (and where the next one's binary bytes start)."""
+    name, shape = spec.name, spec.shape
+    if spec.datatype not in DATATYPES:
         raise InvalidInput(
-            f"input {name}: datatype {datatype!r} is not supported (use one of {sorted(DATATYPES)})"
+            f"input {name}: datatype {spec.datatype!r} is not supported "
+            f"(use one of {sorted(DATATYPES)})"
         )
-    dtype = DATATYPES[datatype]
-    params = spec.get("parameters") or {}
-    size = params.get("binary_data_size") if isinstance(params, dict) else None
+    dtype = DATATYPES[spec.datatype]
+    expected = math.prod(shape) * dtype.itemsize
+    size = spec.parameters.binary_data_size if spec.parameters is not None else None
     if size is not None:
-        expected = math.prod(shape) * dtype.itemsize
+        if spec.data is not None:
+            raise MalformedRequest(f"input {name}: send 'data' or binary_data_size, not both")
         if size != expected or offset + size > len(binary):
             raise MalformedRequest(
                 f"input {name}: binary_data_size {size} does not match shape "
-                f"{shape} of {datatype} ({expected} bytes) or the body"
+                f"{shape} of {spec.datatype} ({expected} bytes) or the body"
             )
-        array = np.frombuffer(binary[offset : offset + size], dtype.newbyteorder("<")).reshape(
-            shape
-        )
-        return name, array, offset + size
-    if "data" not in spec:
+        raw = binary[offset : offset + size]
+        return np.frombuffer(raw, dtype.newbyteorder("<")).reshape(shape), offset + size
+    if spec.data is None:
         raise MalformedRequest(f"input {name}: needs 'data' or parameters.binary_data_size")
     try:
-        values = np.asarray(spec["data"])
+        values = np.asarray(spec.data)
     except (ValueError, TypeError):
         raise MalformedRequest(f"input {name}: 'data' is not a rectangular array") from None
     if values.size != math.prod(shape):
         raise MalformedRequest(f"input {name}: {values.size} values for shape {shape}")
-    wanted = "b" if dtype.kind == "b" else ("iu" if dtype.kind in "iu" else "iuf")
-    if values.size and values.dtype.kind not in wanted:
-        raise InvalidInput(f"input {name}: values do not fit datatype {datatype}")
-    return name, values.astype(dtype).reshape(shape), offset
+    return _fits(values, dtype, name, spec.datatype).reshape(shape), offset
 
 
-def decode_request(body: bytes, header_length: str | None) -> InferRequest:
-    if header_length is None:
-        head, binary = body, memoryview(b"")
-    else:
-        if not header_length.isdigit() or int(header_length) > len(body):
-            raise MalformedRequest("Inference-Header-Content-Length does not fit the body")
-        head, binary = body[: int(header_length)], memoryview(body)[int(header_length) :]
-    header = parse_json(head)
-    if not isinstance(header, dict) or not isinstance(header.get("inputs"), list):
-        raise MalformedRequest("an infer request is a JSON object with an 'inputs' list")
+def header_length(value: str | None, body_size: int) -> int | None:
+    """`Inference-Header-Content-Length`: ASCII digits, no longer than the body."""
+    if value is None:
+        return None
+    if not (value.isascii() and value.isdigit()) or int(value) > body_size:
+        raise MalformedRequest("Inference-Header-Content-Length does not fit the body")
+    return int(value)
+
+
+def decode_request(body: bytes, json_length: int | None) -> Decoded:
+    """A v2 request body (JSON, or a JSON header and binary tensors) as arrays; every tensor
+    byte accounted for."""
+    head, binary = body, memoryview(b"")
+    if json_length is not None:
+        head, binary = body[:json_length], memoryview(body)[json_length:]
+    request: InferRequest = validate(InferRequest, parse_json(head), "infer request")
     inputs: dict[str, np.ndarray] = {}
     offset = 0
-    for spec in header["inputs"]:
-        name, array, offset = _tensor(spec, binary, offset)
-        if name in inputs:
-            raise MalformedRequest(f"input {name} given twice")
-        inputs[name] = array
-    params = header.get("parameters") or {}
-    binary_default = (
-        bool(params.get("binary_data_output", False)) if isinstance(params, dict) else False
-    )
+    for spec in request.inputs:
+        if spec.name in inputs:
+            raise MalformedRequest(f"input {spec.name} given twice")
+        inputs[spec.name], offset = _tensor(spec, binary, offset)
+    if offset != len(binary):
+        raise MalformedRequest(f"{len(binary) - offset} bytes after the binary tensors")
+    params = request.parameters
+    binary_default = bool(params and params.binary_data_output)
     outputs = None
-    if header.get("outputs") is not None:
-        if not isinstance(header["outputs"], list):
-            raise MalformedRequest("'outputs' must be a list")
+    if request.outputs is not None:
         outputs = {}
-        for out in header["outputs"]:
-            if not isinstance(out, dict) or not isinstance(out.get("name"), str):
-                raise MalformedRequest("each requested output needs a 'name'")
-            out_params = out.get("parameters") or {}
-            outputs[out["name"]] = bool(out_params.get("binary_data", binary_default))
-    request_id = header.get("id")
-    return InferRequest(
-        str(request_id) if request_id is not None else None, inputs, outputs, binary_default
-    )
+        for out in request.outputs:
+            chosen = out.parameters.binary_data if out.parameters is not None else None
+            outputs[out.name] = binary_default if chosen is None else chosen
+    timeout_ms = params.timeout / 1000 if params and params.timeout is not None else None
+    return Decoded(request.id, inputs, outputs, binary_default, timeout_ms)
 
 
 def encode_response(

@@ -110,6 +110,7 @@ def build_model(
         max_queue_delay_s=batching.max_queue_delay_ms / 1000,
         queue_capacity=batching.queue_capacity,
         invariance=invariance,
+        text_chars=config.tokenizer.chars if config.tokenizer is not None else None,
         served_config=described,
     )
     model = Model(info, executor, tokenizer)

@@ -150,6 +150,16 @@ class TokenizerConfig(_Strict):
     max_length: int = Field(
         default=256, gt=0, description="texts are truncated to this many tokens"
     )
+    max_chars: int | None = Field(
+        default=None,
+        gt=0,
+        description="texts are cut to this many characters before tokenising, so that one "
+        "request's cost is bounded; default 32 x max_length, past any text max_length allows",
+    )
+
+    @property
+    def chars(self) -> int:
+        return self.max_chars or 32 * self.max_length
 
 
 class ModelConfig(_Strict):

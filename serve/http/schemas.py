@@ -1,0 +1,104 @@
+"""The HTTP contract as strict schemas: what a request body must be, and what every answer is.
+
+Pydantic at the edge: a body either validates (strict types: no float where an integer goes,
+no string where a boolean goes, no unknown fields) or is refused with a 4xx in the error form
+below. The same classes write the OpenAPI document, so the contract and the parser are one.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from serve.errors import MalformedRequest
+
+NAME = Field(min_length=1, max_length=256)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+def validate(schema: type[_Strict], body: Any, where: str) -> Any:
+    """`body` as `schema`, or MalformedRequest naming the first fields that are wrong."""
+    try:
+        return schema.model_validate(body)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in error['loc']) or where}: {error['msg']}"
+            for error in exc.errors()[:3]
+        )
+        raise MalformedRequest(f"{where}: {problems}") from None
+
+
+# -- errors ---------------------------------------------------------------------------------
+
+
+class ErrorDetail(BaseModel):
+    code: str = Field(description="stable machine-readable name, e.g. invalid_input")
+    message: str = Field(description="what is wrong, for people")
+
+
+class ErrorBody(BaseModel):
+    """Every error answer, whatever the route and status."""
+
+    error: ErrorDetail
+
+
+# -- KServe v2 ------------------------------------------------------------------------------
+
+
+class TensorParameters(_Strict):
+    binary_data_size: int | None = Field(
+        None, ge=0, description="the tensor's bytes follow the JSON header, in order"
+    )
+
+
+class InputTensor(_Strict):
+    name: str = NAME
+    shape: list[Annotated[int, Field(ge=0)]] = Field(max_length=8)
+    datatype: str = Field(description="BOOL, UINT8..64, INT8..64, FP16, FP32 or FP64")
+    parameters: TensorParameters | None = None
+    data: list[Any] | None = Field(None, description="row-major values, flat or nested")
+
+
+class OutputParameters(_Strict):
+    binary_data: bool | None = Field(None, description="send this output as binary")
+
+
+class RequestedOutput(_Strict):
+    name: str = NAME
+    parameters: OutputParameters | None = None
+
+
+class RequestParameters(_Strict):
+    binary_data_output: bool | None = Field(None, description="every output as binary")
+    timeout: int | None = Field(
+        None, ge=1, description="microseconds (Triton's): shortens the request's deadline"
+    )
+    priority: int | None = Field(None, description="accepted and ignored")
+
+
+class InferRequest(_Strict):
+    """A KServe v2 inference request's JSON (the binary tensor extension's header)."""
+
+    id: str | None = Field(None, max_length=256)
+    inputs: list[InputTensor] = Field(min_length=1, max_length=16)
+    outputs: list[RequestedOutput] | None = Field(None, max_length=16)
+    parameters: RequestParameters | None = None
+
+
+class OutputTensor(BaseModel):
+    name: str
+    datatype: str
+    shape: list[int]
+    data: list[Any] | None = None
+    parameters: dict[str, int] | None = Field(None, description="binary_data_size, if binary")
+
+
+class InferResponse(BaseModel):
+    model_name: str
+    model_version: str
+    id: str | None = None
+    outputs: list[OutputTensor]

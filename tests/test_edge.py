@@ -1,0 +1,127 @@
+"""The edge under clients that misbehave or overreach: a disconnect mid-upload is not an
+error, one text cannot make the tokenizer work for seconds, and what repeats under overload
+is logged at a bounded rate."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from serve.app import create_app
+from serve.engine import Engine
+from serve.loading import ModelSpec, build_model
+from serve.logs import Throttled
+from serve.settings import Settings
+from tests.fakes import fake_model
+from tests.helpers import serving
+
+
+async def test_a_client_that_leaves_mid_upload_is_no_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """`Content-Length: 100`, five bytes, then gone: answered with nothing, counted as 499."""
+    model, _ = fake_model()
+    engine = Engine({model.name: model}, model.name, Settings())
+    app = create_app(engine.settings, engine)
+    messages: list[dict[str, Any]] = [
+        {"type": "http.request", "body": b'{"seq', "more_body": True},
+        {"type": "http.disconnect"},
+    ]
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/predict",
+        "raw_path": b"/predict",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"content-type", b"application/json"), (b"content-length", b"100")],
+        "client": ("127.0.0.1", 5000),
+        "server": ("127.0.0.1", 8000),
+    }
+    with caplog.at_level(logging.INFO):
+        async with app.router.lifespan_context(app):
+            await app(scope, receive, send)
+            metrics = app.state.metrics.render().decode()
+    assert sent[0]["status"] == 499  # (nobody is there to read it)
+    assert 'status="500"' not in metrics
+    assert 'bucketserve_requests_total{route="/predict",status="499"} 1.0' in metrics
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert sum("left before its answer" in r.message for r in caplog.records) == 1
+
+
+async def test_a_long_text_is_cut_by_characters_before_it_is_tokenised(
+    minilm_spec: ModelSpec, tmp_path: Path
+) -> None:
+    model = build_model(minilm_spec)
+    chars = model.info.text_chars
+    assert chars == 32 * 256
+    engine = Engine({"minilm": model}, "minilm", Settings())
+    words = "the quick brown fox jumps over the lazy dog " * 20_000  # 880,000 characters
+    async with serving(engine) as client:
+        whole = await client.post("/predict", json={"text": [words]})
+        cut = await client.post("/predict", json={"text": [words[:chars]]})
+    assert whole.status_code == cut.status_code == 200
+    embedding = np.asarray(whole.json()["outputs"][0]["sentence_embedding"])
+    np.testing.assert_array_equal(embedding, cut.json()["outputs"][0]["sentence_embedding"])
+    assert len(whole.json()["outputs"][0]["last_hidden_state"]) == 256  # then cut by tokens
+
+
+def test_a_repeated_warning_is_said_once_per_interval_with_a_count(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    now = [0.0]
+    throttled = Throttled(logging.getLogger("test.throttle"), every=10.0, clock=lambda: now[0])
+    with caplog.at_level(logging.WARNING, logger="test.throttle"):
+        for second in range(25):
+            now[0] = float(second)
+            for _ in range(100):  # 100 refusals a second
+                throttled.log(logging.WARNING, "unavailable", "queue full")
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == [
+        "queue full",
+        "queue full (and 999 more like it in the last 10 s)",
+        "queue full (and 999 more like it in the last 10 s)",
+    ]
+
+
+@pytest.mark.parametrize(("padding", "off_loop"), [(0, False), (1_500_000, True)])
+async def test_a_large_body_is_decoded_off_the_event_loop(
+    monkeypatch: pytest.MonkeyPatch, padding: int, off_loop: bool
+) -> None:
+    """8 MB of JSON takes ~150 ms to parse: on the event loop it would stall everyone else."""
+    from serve.http import predict
+
+    threads: list[threading.Thread] = []
+    parse = predict.parse_predict
+
+    def recording(*args: Any) -> Any:
+        threads.append(threading.current_thread())
+        return parse(*args)
+
+    monkeypatch.setattr(predict, "parse_predict", recording)
+    model, _ = fake_model()
+    engine = Engine({model.name: model}, model.name, Settings())
+    raw = b'{"sequences": [[7, 7, 7]]' + b" " * padding + b"}"  # whitespace: large, cheap
+    async with serving(engine) as client:
+        response = await client.post(
+            "/predict", content=raw, headers={"content-type": "application/json"}
+        )
+    assert response.status_code == 200
+    assert response.json()["outputs"][0]["total"] == 21
+    assert (threads[0] is not threading.main_thread()) == off_loop
