@@ -13,11 +13,12 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
+from fastapi.responses import PlainTextResponse
 from starlette.exceptions import HTTPException
 
 from serve.engine import Engine
 from serve.errors import BucketserveError, InvalidInput, ModelNotReady
-from serve.http import kserve, predict
+from serve.http import contract, kserve, predict
 from serve.http.common import SERVER_VERSION, ClientGone, error_response, json_response
 from serve.http.context import RequestContext
 from serve.loading import load_engine
@@ -49,13 +50,25 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
         version=SERVER_VERSION,
         lifespan=lifespan,
         description="Length-bucketed inference for variable-length sequence models.",
+        docs_url=None,  # (a setting: below)
+        redoc_url=None,
     )
     app.state.engine = None
     app.state.metrics = metrics
     app.include_router(predict.router)
     app.include_router(kserve.router)
+    if engine is not None:
+        versions = [str(model.info.version) for model in engine.models.values()]
+        contract.name_models(app, [*engine.models, *engine.failed], versions)
+    if settings.docs:
+        contract.serve_docs(app)
 
-    @app.get("/metrics", summary="Prometheus metrics", include_in_schema=True)
+    @app.get(
+        "/metrics",
+        summary="Prometheus metrics",
+        response_class=PlainTextResponse,
+        responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}},
+    )
     async def prometheus() -> Response:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 

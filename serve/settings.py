@@ -90,6 +90,13 @@ class Settings:
             "with their error); without it, a model that fails to load stops the server"
         },
     )
+    docs: bool = field(
+        default=False,
+        metadata={
+            "help": "serve interactive API docs at /docs, their assets from this server (the "
+            "docs extra); the OpenAPI document is always at /openapi.json"
+        },
+    )
     log_json: bool = field(default=False, metadata={"help": "log JSON lines instead of text"})
     log_level: str = field(default="info", metadata={"help": "debug, info, warning or error"})
 

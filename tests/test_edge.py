@@ -125,3 +125,25 @@ async def test_a_large_body_is_decoded_off_the_event_loop(
     assert response.status_code == 200
     assert response.json()["outputs"][0]["total"] == 21
     assert (threads[0] is not threading.main_thread()) == off_loop
+
+
+async def test_docs_are_off_unless_asked_for_and_then_need_no_cdn() -> None:
+    model, _ = fake_model()
+    for docs in (False, True):
+        engine = Engine({model.name: model}, model.name, Settings(docs=docs))
+        async with serving(engine, Settings(docs=docs)) as client:
+            page = await client.get("/docs")
+            document = await client.get("/openapi.json")
+            if docs:
+                script = await client.get("/docs/swagger-ui-bundle.js")
+                style = await client.get("/docs/swagger-ui.css")
+        assert document.status_code == 200  # the contract is always there
+        if not docs:
+            assert page.status_code == 404
+            continue
+        assert page.status_code == 200
+        assert "https://" not in page.text  # every asset from this server
+        assert "/docs/swagger-ui-bundle.js" in page.text
+        assert script.status_code == style.status_code == 200
+        assert script.headers["content-type"].startswith("text/javascript")
+        assert len(script.content) > 100_000

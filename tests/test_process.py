@@ -37,7 +37,7 @@ def test_serves_predict_metrics_and_readiness(models: Path) -> None:
         assert 'bucketserve_requests_total{route="/predict",status="200"} 1.0' in metrics
         # the planner can read the live traffic's lengths (as histogram bucket bounds)
         assert lengths_from_metrics(f"{url}/metrics", "tiny-encoder") == [4, 20]
-        assert httpx.get(f"{url}/docs").status_code == 200
+        assert httpx.get(f"{url}/docs").status_code == 404  # a setting, off by default
         assert "/predict" in httpx.get(f"{url}/openapi.json").json()["paths"]
         process.send_signal(signal.SIGTERM)
         assert process.wait(30) == 0

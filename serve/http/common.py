@@ -32,6 +32,20 @@ BINARY = "application/octet-stream"
 # A body this large is decoded in a worker thread: 8 MB of JSON takes ~150 ms, which on the
 # event loop would hold every other request back.
 OFF_LOOP_BYTES = 64 * 1024
+TIMEOUT_PARAMETER = {
+    "name": "X-Request-Timeout-Ms",
+    "in": "header",
+    "required": False,
+    "schema": {"type": "number", "exclusiveMinimum": 0},
+    "description": "the request's deadline in ms; it can only shorten the server's",
+}
+LENGTH_PARAMETER = {
+    "name": "Inference-Header-Content-Length",
+    "in": "header",
+    "required": False,
+    "schema": {"type": "integer", "minimum": 0},
+    "description": "binary tensors: the JSON header's length; its tensors follow it",
+}
 
 
 class ClientGone(Exception):

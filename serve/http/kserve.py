@@ -6,6 +6,7 @@ tensors) by `rows`.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
@@ -15,7 +16,9 @@ from serve.errors import InvalidInput, ModelNotFound
 from serve.http.common import (
     BINARY,
     JSON,
+    LENGTH_PARAMETER,
     SERVER_VERSION,
+    TIMEOUT_PARAMETER,
     engine_of,
     json_response,
     off_loop,
@@ -25,6 +28,18 @@ from serve.http.common import (
     within_token_budget,
 )
 from serve.http.rows import sequences_from_tensors, stack_outputs
+from serve.http.schemas import (
+    IndexEntry,
+    InferRequest,
+    InferResponse,
+    Live,
+    ModelMetadata,
+    ModelReady,
+    Ready,
+    ServerMetadata,
+    errors,
+    inlined,
+)
 from serve.http.tensors import (
     DATATYPE_OF,
     Decoded,
@@ -48,11 +63,45 @@ CLIENT_INPUTS = (
 )
 
 
+Handler = Callable[[Request, str, str | None], Awaitable[Response]]
+
+
+def model_routes(method: str, suffix: str, **options: Any) -> Callable[[Handler], Handler]:
+    """Register `handler(request, name, version)` at /models/{name}{suffix} and at
+    /models/{name}/versions/{version}{suffix}: the version is a path parameter of the second,
+    never a stray query parameter of the first."""
+
+    def register(handler: Handler) -> Handler:
+        async def latest(request: Request, name: str) -> Response:
+            return await handler(request, name, None)
+
+        async def versioned(request: Request, name: str, version: str) -> Response:
+            return await handler(request, name, version)
+
+        for path, endpoint, label in (
+            (f"/models/{{name}}{suffix}", latest, handler.__name__),
+            (f"/models/{{name}}/versions/{{version}}{suffix}", versioned, f"{handler.__name__}_v"),
+        ):
+            router.add_api_route(path, endpoint, methods=[method], name=label, **options)
+        return handler
+
+    return register
+
+
 def _model(request: Request, name: str, version: str | None) -> Model:
     model = engine_of(request).model(name)
     if version is not None and version != str(model.info.version):
-        raise ModelNotFound(f"model {name} has no version {version} (serving {model.info.version})")
+        shown = version[:32]
+        raise ModelNotFound(f"model {name} has no version {shown!r} (serving {model.info.version})")
     return model
+
+
+def _failed(request: Request, name: str, version: str | None) -> str | None:
+    """Why the model did not load, or None; no version of such a model is served."""
+    failed = engine_of(request).failed
+    if name in failed and version is not None:
+        raise ModelNotFound(f"model {name} did not load: no version of it is served")
+    return failed.get(name)
 
 
 def _ready(request: Request) -> bool:
@@ -60,7 +109,7 @@ def _ready(request: Request) -> bool:
     return engine is not None and not engine.draining
 
 
-@router.get("/health/live", summary="Liveness")
+@router.get("/health/live", summary="Liveness", response_model=Live)
 async def live() -> Response:
     return json_response({"live": True})
 
@@ -68,13 +117,15 @@ async def live() -> Response:
 @router.get(
     "/health/ready",
     summary="Readiness: every model that loaded is warm, and the server is not draining",
+    response_model=Ready,
+    responses={503: {"model": Ready, "description": "loading or draining"}},
 )
 async def ready(request: Request) -> Response:
     is_ready = _ready(request)
     return json_response({"ready": is_ready}, 200 if is_ready else 503)
 
 
-@router.get("", summary="Server metadata")
+@router.get("", summary="Server metadata", response_model=ServerMetadata)
 async def server_metadata(request: Request) -> Response:
     # default_model is ours (v2 clients ignore fields they do not know): the model that
     # /predict serves when a request names none.
@@ -96,9 +147,14 @@ def _described(tensor: Tensor) -> dict[str, Any]:
     }
 
 
-@router.get("/models/{name}", summary="Model metadata")
-@router.get("/models/{name}/versions/{version}", summary="Model metadata")
-async def model_metadata(request: Request, name: str, version: str | None = None) -> Response:
+@model_routes(
+    "GET",
+    "",
+    summary="Model metadata",
+    response_model=ModelMetadata,
+    responses=errors(404, 422, 503),
+)
+async def model_metadata(request: Request, name: str, version: str | None) -> Response:
     model = _model(request, name, version)
     layout = model.info.layout
     return json_response(
@@ -112,30 +168,47 @@ async def model_metadata(request: Request, name: str, version: str | None = None
     )
 
 
-@router.get("/models/{name}/config", summary="Model configuration, as served")
-@router.get("/models/{name}/versions/{version}/config", summary="Model configuration, as served")
-async def model_config(request: Request, name: str, version: str | None = None) -> Response:
+@model_routes(
+    "GET",
+    "/config",
+    summary="Model configuration, as served",
+    response_model=dict[str, Any],
+    responses=errors(404, 422),
+)
+async def model_config(request: Request, name: str, version: str | None) -> Response:
     """The model's config.toml with fitted edges, overrides and what load found applied
     (Triton serves its model configuration at the same path); load generators read the
     bucket edges from here. A model that did not load says why."""
-    failed = engine_of(request).failed
-    if name in failed:
-        return json_response({"name": name, "ready": False, "error": failed[name]})
+    failed = _failed(request, name, version)
+    if failed is not None:
+        return json_response({"name": name, "ready": False, "error": failed})
     return json_response(_model(request, name, version).info.served_config)
 
 
-@router.get("/models/{name}/ready", summary="Model readiness")
-@router.get("/models/{name}/versions/{version}/ready", summary="Model readiness")
-async def model_ready(request: Request, name: str, version: str | None = None) -> Response:
-    failed = engine_of(request).failed
-    if name in failed:
-        return json_response({"name": name, "ready": False, "error": failed[name]}, 503)
+@model_routes(
+    "GET",
+    "/ready",
+    summary="Model readiness",
+    response_model=ModelReady,
+    responses={
+        **errors(404, 422),
+        503: {"model": ModelReady, "description": "draining, or it did not load (with why)"},
+    },
+)
+async def model_ready(request: Request, name: str, version: str | None) -> Response:
+    failed = _failed(request, name, version)
+    if failed is not None:
+        return json_response({"name": name, "ready": False, "error": failed}, 503)
     model = _model(request, name, version)
     is_ready = _ready(request)
     return json_response({"name": model.name, "ready": is_ready}, 200 if is_ready else 503)
 
 
-@router.post("/repository/index", summary="Every model of the repository, and its state")
+@router.post(
+    "/repository/index",
+    summary="Every model of the repository, and its state",
+    response_model=list[IndexEntry],
+)
 async def repository_index(request: Request) -> Response:
     """Triton's repository index: each model READY, or UNAVAILABLE with the reason."""
     engine = engine_of(request)
@@ -160,11 +233,30 @@ def _decode(
     return parsed, sequences, steps
 
 
-@router.post("/models/{name}/infer", summary="Inference (JSON or binary tensors)")
-@router.post(
-    "/models/{name}/versions/{version}/infer", summary="Inference (JSON or binary tensors)"
+BINARY_BODY = {"schema": {"type": "string", "format": "binary"}}
+INFER_CONTRACT = {
+    "requestBody": {
+        "required": True,
+        "description": "JSON, or a JSON header (Inference-Header-Content-Length bytes) and the "
+        "binary tensors it describes, in order",
+        "content": {JSON: {"schema": inlined(InferRequest)}, BINARY: BINARY_BODY},
+    },
+    "parameters": [TIMEOUT_PARAMETER, LENGTH_PARAMETER],
+}
+
+
+@model_routes(
+    "POST",
+    "/infer",
+    summary="Inference (JSON or binary tensors)",
+    response_model=InferResponse,
+    responses={
+        200: {"content": {BINARY: BINARY_BODY}, "description": "outputs (JSON, or binary)"},
+        **errors(400, 404, 413, 415, 422, 503, 504),
+    },
+    openapi_extra=INFER_CONTRACT,
 )
-async def infer(request: Request, name: str, version: str | None = None) -> Response:
+async def infer(request: Request, name: str, version: str | None) -> Response:
     engine = engine_of(request)
     model = _model(request, name, version)
     body = await read_body(request, engine.settings.max_body_bytes, (JSON, BINARY))

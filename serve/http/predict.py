@@ -13,6 +13,8 @@ from pydantic import BaseModel, Field
 
 from serve.errors import InvalidInput, MalformedRequest
 from serve.http.common import (
+    JSON,
+    TIMEOUT_PARAMETER,
     engine_of,
     json_response,
     off_loop,
@@ -22,6 +24,7 @@ from serve.http.common import (
     unless_client_leaves,
     within_token_budget,
 )
+from serve.http.schemas import errors
 from serve.model import Model
 
 router = APIRouter()
@@ -110,11 +113,13 @@ def _wanted_outputs(names: Any, model: Model) -> list[str]:
 @router.post(
     "/predict",
     response_model=PredictResponse,
+    responses=errors(400, 404, 413, 415, 422, 503, 504),
     openapi_extra={
         "requestBody": {
             "required": True,
-            "content": {"application/json": {"schema": PredictRequest.model_json_schema()}},
-        }
+            "content": {JSON: {"schema": PredictRequest.model_json_schema()}},
+        },
+        "parameters": [TIMEOUT_PARAMETER],
     },
     summary="Run a model on variable-length sequences",
 )

@@ -102,3 +102,84 @@ class InferResponse(BaseModel):
     model_version: str
     id: str | None = None
     outputs: list[OutputTensor]
+
+
+class Live(BaseModel):
+    live: bool
+
+
+class Ready(BaseModel):
+    ready: bool
+
+
+class ModelReady(BaseModel):
+    name: str
+    ready: bool
+    error: str | None = Field(None, description="why the model did not load")
+
+
+class ServerMetadata(BaseModel):
+    name: str
+    version: str
+    extensions: list[str]
+    default_model: str | None = Field(None, description="the model /predict serves by default")
+
+
+class TensorMetadata(BaseModel):
+    name: str
+    datatype: str
+    shape: list[int] = Field(description="-1 on the batch and time axes")
+
+
+class ModelMetadata(BaseModel):
+    name: str
+    versions: list[str]
+    platform: str
+    inputs: list[TensorMetadata]
+    outputs: list[TensorMetadata]
+
+
+class IndexEntry(BaseModel):
+    name: str
+    state: str = Field(description="READY, or UNAVAILABLE when it did not load")
+    version: str | None = None
+    reason: str | None = None
+
+
+# -- documented answers, by status -------------------------------------------------------------
+
+WHY = {
+    400: "malformed body, header or parameter",
+    404: "no such model, version or route",
+    413: "body too large",
+    415: "a body that is not JSON (v2: or binary tensors)",
+    422: "invalid input: a value or shape the model cannot take",
+    503: "queue full, draining, or the model did not load (Retry-After says when to retry)",
+    504: "the deadline passed",
+}
+
+
+def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` for these error statuses, all in the one error form."""
+    return {status: {"model": ErrorBody, "description": WHY[status]} for status in statuses}
+
+
+def inlined(schema: type[BaseModel]) -> dict[str, Any]:
+    """`schema`'s JSON schema with its definitions written in place: a body the route reads
+    itself (binary tensors follow the JSON) is documented through `openapi_extra`, where
+    references into the model's own `$defs` would point nowhere."""
+    document = schema.model_json_schema()
+    definitions = document.pop("$defs", {})
+
+    def resolve(node: Any) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref", "")
+            if ref.startswith("#/$defs/"):
+                return resolve(definitions[ref.removeprefix("#/$defs/")])
+            return {key: resolve(value) for key, value in node.items()}
+        if isinstance(node, list):
+            return [resolve(value) for value in node]
+        return node
+
+    resolved: dict[str, Any] = resolve(document)
+    return resolved

@@ -163,7 +163,8 @@ def load_engine(settings: Settings | Path | str = "models") -> Engine:
         all(runs_on_cpu(spec.config.providers) for spec in repository.models.values()),
     )
     init_process(threads)  # before the first session: the pool is the process's
-    models, failed = {}, dict(repository.failed)
+    models = {}
+    failed = {name: _relative(error, settings.models) for name, error in repository.failed.items()}
     for name, spec in repository.models.items():
         try:
             models[name] = build_model(
@@ -175,10 +176,15 @@ def load_engine(settings: Settings | Path | str = "models") -> Engine:
                 others = len(repository.models) + len(repository.failed) > 1
                 raise ConfigError(error + (f" ({PARTIAL_HINT})" if others else "")) from exc
             log.error("model %s did not load: %s", name, error)
-            failed[name] = error
+            failed[name] = _relative(error, settings.models)
     if not models:
         raise ConfigError(f"{settings.models}: no model loaded ({'; '.join(failed.values())})")
     return Engine(models, repository.default_model, settings, instances, failed)
+
+
+def _relative(error: str, root: Path) -> str:
+    """An error as the HTTP routes show it: paths from the repository, not the host's."""
+    return error.replace(f"{root}/", "").replace(f"{root.resolve()}/", "")
 
 
 def _load_error(spec: ModelSpec, exc: Exception) -> str:

@@ -1,0 +1,72 @@
+"""The contract, served: the OpenAPI document with the repository's real model names, and, when
+asked for, interactive docs at /docs whose assets the server serves itself (no CDN).
+
+The document is the one the schemas write; what this adds is what only the running server
+knows (which models it has) and the docs page, which is a setting because a production server
+has no use for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from importlib import resources
+from typing import Any
+
+from fastapi import FastAPI, HTTPException, Response
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import HTMLResponse
+
+from serve.errors import ConfigError
+
+ASSETS = ("swagger-ui-bundle.js", "swagger-ui.css")
+
+
+def name_models(app: FastAPI, names: Iterable[str], versions: Iterable[str]) -> None:
+    """The document's `{name}` and `{version}` path parameters enumerate the repository's
+    models and the versions it serves."""
+    known = {"name": sorted(set(names)), "version": sorted(set(versions))}
+    document = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = document()
+            for item in schema["paths"].values():
+                for operation in item.values():
+                    for param in operation.get("parameters", []):
+                        values = known.get(param["name"]) if param["in"] == "path" else None
+                        if values:
+                            param["schema"] = {"type": "string", "enum": values}
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def serve_docs(app: FastAPI) -> None:
+    """Swagger UI at /docs, its script and style read from the `swagger-ui-bundle` package
+    (the `docs` extra) and served from here."""
+    try:
+        bundle = resources.files("swagger_ui_bundle") / "vendor"
+    except ModuleNotFoundError:
+        raise ConfigError(
+            "docs: the docs page needs the docs extra: pip install 'bucketserve[docs]'"
+        ) from None
+    folder = next(p for p in bundle.iterdir() if p.name.startswith("swagger-ui-"))
+    assets = {name: (folder / name).read_bytes() for name in ASSETS}
+    kinds = {"js": "text/javascript", "css": "text/css"}
+
+    @app.get("/docs", include_in_schema=False)
+    async def docs() -> HTMLResponse:
+        return get_swagger_ui_html(
+            openapi_url="/openapi.json",
+            title="bucketserve",
+            swagger_js_url="/docs/swagger-ui-bundle.js",
+            swagger_css_url="/docs/swagger-ui.css",
+            swagger_favicon_url="data:,",
+        )
+
+    @app.get("/docs/{asset}", include_in_schema=False)
+    async def asset(asset: str) -> Response:
+        if asset not in assets:
+            raise HTTPException(404, "no such docs asset")
+        return Response(assets[asset], media_type=kinds[asset.rsplit(".", 1)[1]])
