@@ -114,5 +114,9 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
             {"error": {"code": "internal", "message": "internal server error"}}, 500
         )
 
-    app.add_middleware(RequestContext, metrics=metrics)
+    app.add_middleware(
+        RequestContext,
+        metrics=metrics,
+        draining=lambda: app.state.engine is not None and app.state.engine.draining,
+    )
     return app

@@ -1,7 +1,11 @@
-"""The server process: uvicorn running the app, with SIGTERM meaning a graceful drain.
+"""The server process: uvicorn running the app over guarded connections, and a drain on SIGTERM
+that never resets a connection under a client.
 
-On SIGTERM readiness turns false at once, new requests get 503, everything already admitted
-is answered, then the process exits 0. A second signal (or Ctrl-C) exits at once.
+SIGTERM: readiness turns false and the listener closes (a new connect is refused); every
+response from then on says `Connection: close`, so a client learns to leave between requests;
+everything admitted is answered (new work gets 503); connections still open, idle, wait until
+their client sends (and is told to close) or until the drain timeout. Then the process exits
+0. A second SIGTERM (or Ctrl-C) ends the drain at once, and still exits 0.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import uvicorn
 
 from serve import logs
 from serve.app import create_app
+from serve.connections import Limits, guarded_protocol
 from serve.engine import Engine
 from serve.loading import load_engine
 from serve.settings import Settings
@@ -23,39 +28,69 @@ log = logging.getLogger(__name__)
 
 
 class DrainingServer(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, engine: Engine) -> None:
+    def __init__(self, config: uvicorn.Config, engine: Engine, drain_timeout_s: float) -> None:
         super().__init__(config)
         self.engine = engine
+        self.drain_timeout_s = drain_timeout_s
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._closed = asyncio.Event()  # every connection closed (set from the protocol)
+        self._draining = False
 
     async def serve(self, sockets: list[object] | None = None) -> None:  # type: ignore[override]
         self._loop = asyncio.get_running_loop()
         await super().serve(sockets)  # type: ignore[arg-type]
 
+    def connection_closed(self, still_open: int) -> None:
+        if self._draining and still_open == 0:
+            self._closed.set()
+
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        # (Not super().handle_exit: uvicorn re-raises every signal it captured when it stops,
+        # so the process would die of the SIGTERM it just drained for.)
         loop = self._loop
-        if sig != signal.SIGTERM or self.engine.draining or loop is None:
-            super().handle_exit(sig, frame)
+        if loop is None:
+            self.should_exit = True
             return
+        if self._draining or sig != signal.SIGTERM:  # a second signal: stop now, cleanly
+            log.info("stopping now: the drain is cut short")
+            self.force_exit = self.should_exit = True
+            return
+        self._draining = True
         log.info("SIGTERM: not ready any more; finishing admitted requests")
         loop.call_soon_threadsafe(lambda: loop.create_task(self._drain()))
 
     async def _drain(self) -> None:
-        await self.engine.drain()  # logs "drained: ..." once
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.drain_timeout_s
+        for server in self.servers:
+            server.close()  # a new connect is refused, never accepted and then dropped
+        await self.engine.drain()  # new work: 503 with Connection: close; admitted: answered
+        if self.server_state.connections:
+            remaining = max(0.0, deadline - loop.time())
+            try:  # idle keep-alive connections: their clients leave, or the timeout comes
+                await asyncio.wait_for(self._closed.wait(), remaining)
+            except TimeoutError:
+                log.info(
+                    "drain timeout: closing %d idle connections", len(self.server_state.connections)
+                )
+        self.config.timeout_graceful_shutdown = 1  # what is left is closed now
         self.should_exit = True
 
 
 def run(settings: Settings) -> int:
     logs.configure(settings.log_level, settings.log_json)
     engine = load_engine(settings)
+    limits = Limits(settings.header_timeout_s, settings.body_timeout_s, settings.max_connections)
     config = uvicorn.Config(
         create_app(settings, engine),
         host=settings.host,
         port=settings.port,
         log_config=None,
         access_log=False,
-        timeout_graceful_shutdown=max(1, round(settings.drain_timeout_s)),
+        timeout_keep_alive=settings.keep_alive_s,
     )
+    server = DrainingServer(config, engine, settings.drain_timeout_s)
+    config.http = guarded_protocol(limits, server.connection_closed)
     log.info("serving %s on http://%s:%d", ", ".join(engine.models), settings.host, settings.port)
-    DrainingServer(config, engine).run()
+    server.run()
     return 0

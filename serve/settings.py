@@ -46,7 +46,28 @@ class Settings:
     )
     drain_timeout_s: float = field(
         default=30.0,
-        metadata={"help": "on SIGTERM, the longest wait for admitted requests before exiting"},
+        metadata={
+            "help": "on SIGTERM, the longest wait for admitted requests and for idle "
+            "connections to be left by their clients, before exiting"
+        },
+    )
+    header_timeout_s: float = field(
+        default=10.0,
+        metadata={"help": "a request's headers must arrive within this of its first byte"},
+    )
+    body_timeout_s: float = field(
+        default=30.0, metadata={"help": "a request's body must arrive within this of its headers"}
+    )
+    keep_alive_s: int = field(
+        default=75,
+        metadata={
+            "help": "an idle connection stays open this long (longer than client pools keep "
+            "theirs, so that the client closes first)"
+        },
+    )
+    max_connections: int = field(
+        default=1000,
+        metadata={"help": "open connections at most; a request on one more gets 503"},
     )
     strategy: str | None = field(
         default=None,
@@ -109,6 +130,10 @@ class Settings:
             "max_body_bytes",
             "max_sequences",
             "max_request_tokens",
+            "header_timeout_s",
+            "body_timeout_s",
+            "keep_alive_s",
+            "max_connections",
         ):
             if getattr(self, name) <= 0 and not (name == "port" and self.port == 0):
                 raise ConfigError(f"{name}: must be positive, got {getattr(self, name)}")

@@ -95,10 +95,14 @@ def test_sigterm_under_load_loses_no_admitted_request(models: Path) -> None:
     assert summary is not None, log
     admitted, answered = map(int, summary.groups())
     assert admitted == answered == outcomes["200"], (outcomes, admitted, answered)
-    # A connection accepted in the last instant and closed at exit, unread, reaches the client
-    # as a closed connection or, with other timing, a reset (ReadError): never an admitted one.
-    dropped = {"lost: RemoteProtocolError", "lost: ReadError"}
-    assert set(outcomes) <= {"200", "503", "refused-connection", *dropped}
+    # The listener closes at SIGTERM: a new connect is refused, and every connection the server
+    # accepted is answered. These clients open a connection per request, so one may complete its
+    # handshake in the very instant the listener closes: the kernel resets it from its accept
+    # queue, unseen by the server (seen once in ~14 runs). Keep-alive clients never meet that
+    # (test_connections asserts zero resets for them).
+    assert sum(n for o, n in outcomes.items() if o.startswith("lost")) <= 1, outcomes
+    dropped = {"lost: ReadError", "lost: RemoteProtocolError"}
+    assert set(outcomes) <= {"200", "503", "refused-connection", *dropped}, outcomes
     assert log.count('"message": "drained: ') == 1  # said once, not once per caller
 
 

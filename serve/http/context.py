@@ -1,4 +1,6 @@
-"""Per-request context as plain ASGI middleware: X-Request-Id, and the request metrics.
+"""Per-request context as plain ASGI middleware: X-Request-Id, the request metrics, and
+`Connection: close` on every response once the server drains (so that a client leaves between
+requests, and no connection is closed under it).
 
 Plain ASGI (not BaseHTTPMiddleware) so that `receive` reaches the routes untouched: they
 watch it for the client's disconnect.
@@ -9,6 +11,7 @@ from __future__ import annotations
 import re
 import time
 import uuid
+from collections.abc import Callable
 
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -20,9 +23,10 @@ _SAFE_ID = re.compile(r"^[A-Za-z0-9._:/=+-]{1,128}$")
 
 
 class RequestContext:
-    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+    def __init__(self, app: ASGIApp, metrics: Metrics, draining: Callable[[], bool]) -> None:
         self.app = app
         self.metrics = metrics
+        self.draining = draining
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -38,7 +42,10 @@ class RequestContext:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
-                MutableHeaders(scope=message)[REQUEST_ID] = request_id
+                headers = MutableHeaders(scope=message)
+                headers[REQUEST_ID] = request_id
+                if self.draining():
+                    headers["connection"] = "close"
             await send(message)
 
         try:

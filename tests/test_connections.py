@@ -1,0 +1,179 @@
+"""Connections to a real server process: slow and silent clients are cut off by the timeouts,
+the connection cap answers 503, a malformed request line gets the JSON error form, and SIGTERM
+under 32 keep-alive clients drains without a single reset and exits 0, however slow an upload
+or however many times the signal comes."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import socket
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.helpers import copy_bundled, server_process
+
+TIMEOUTS = ("--header-timeout-s", "1", "--body-timeout-s", "2")
+
+
+@pytest.fixture
+def models(tmp_models: Path) -> Path:
+    copy_bundled(tmp_models, "tiny-encoder")
+    return tmp_models
+
+
+def connect(url: str) -> socket.socket:
+    host, port = url.removeprefix("http://").split(":")
+    return socket.create_connection((host, int(port)), timeout=10)
+
+
+def closed_at(sock: socket.socket) -> tuple[float, bytes]:
+    """When the server closed the connection (monotonic clock), and what it sent before;
+    ours is closed then too."""
+    received = b""
+    with sock:
+        while chunk := sock.recv(65536):
+            received += chunk
+    return time.monotonic(), received
+
+
+def test_slow_and_silent_clients_are_cut_off(models: Path) -> None:
+    with server_process(models, *TIMEOUTS) as (_, url, log_path):
+        opened = time.monotonic()
+        silent = connect(url)  # says nothing at all
+        slow_headers = connect(url)
+        slow_headers.sendall(b"POST /predict HTTP/1.1\r\nHost: x\r\n")  # and no more
+        slow_body = connect(url)
+        slow_body.sendall(
+            b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b'Content-Length: 100\r\n\r\n{"seq'
+        )
+        waits = [closed_at(s)[0] - opened for s in (silent, slow_headers, slow_body)]
+        # the server is still answering the patient ones
+        good = httpx.post(f"{url}/predict", json={"sequences": [[1, 2, 3]]})
+        metrics = httpx.get(f"{url}/metrics").text
+    silent_s, slow_headers_s, slow_body_s = waits  # not held forever: closed at their deadlines
+    assert 0.9 < silent_s < 5, waits  # the header timeout, from the connect
+    assert 0.9 < slow_headers_s < 5, waits  # the header timeout, from the first byte
+    assert 1.9 < slow_body_s < 6, waits  # the body timeout, from the headers
+    assert good.status_code == 200
+    assert 'status="500"' not in metrics
+    assert 'bucketserve_requests_total{route="/predict",status="499"} 1.0' in metrics
+    assert "ERROR" not in log_path.read_text()
+
+
+def test_a_request_uvicorn_cannot_parse_gets_the_error_form(models: Path) -> None:
+    with server_process(models) as (_, url, _log):
+        sock = connect(url)
+        sock.sendall(b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Length: \xb2\r\n\r\n")
+        _, answer = closed_at(sock)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400")
+    assert b"content-type: application/json" in head.lower()
+    assert json.loads(body)["error"]["code"] == "malformed"
+
+
+def test_past_the_connection_cap_a_request_gets_503(models: Path) -> None:
+    with server_process(models, "--max-connections", "3", "--header-timeout-s", "30") as (
+        _,
+        url,
+        _log,
+    ):
+        held = [connect(url) for _ in range(3)]  # open, idle
+        time.sleep(0.2)
+        over = httpx.post(f"{url}/predict", json={"sequences": [[1]]})
+        for sock in held:
+            sock.close()
+        time.sleep(0.2)
+        after = httpx.post(f"{url}/predict", json={"sequences": [[1]]})
+    assert over.status_code == 503
+    assert over.json()["error"]["code"] == "unavailable"
+    assert over.headers["retry-after"] == "1"
+    assert after.status_code == 200
+
+
+def test_a_drain_under_keep_alive_clients_resets_nothing(models: Path) -> None:
+    outcomes: Counter[str] = Counter()
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def client(url: str, index: int) -> None:
+        body = {"sequences": [[(index % 50) + 1] * (5 + index % 40)]}
+        with httpx.Client(timeout=30) as http:  # a keep-alive pool, reused request to request
+            while not stop.is_set():
+                try:
+                    outcome = str(http.post(f"{url}/predict", json=body).status_code)
+                except httpx.ConnectError:
+                    outcome = "refused"
+                    stop.wait(0.02)
+                except httpx.TransportError as exc:  # reset, or closed under the request
+                    outcome = f"lost: {type(exc).__name__}"
+                with lock:
+                    outcomes[outcome] += 1
+
+    flags = ("--max-queue-delay-ms", "20", "--drain-timeout-s", "5")
+    with server_process(models, *flags) as (process, url, log_path):
+        threads = [threading.Thread(target=client, args=(url, i)) for i in range(32)]
+        for t in threads:
+            t.start()
+        time.sleep(1.5)
+        served_before = outcomes["200"]
+        process.send_signal(signal.SIGTERM)
+        time.sleep(1.0)  # clients keep posting into the drain
+        stop.set()
+        for t in threads:
+            t.join(30)
+        exit_code = process.wait(30)
+
+    log = log_path.read_text()
+    assert exit_code == 0, log
+    assert served_before > 20
+    assert {o for o in outcomes if o.startswith("lost")} == set(), outcomes
+    assert set(outcomes) <= {"200", "503", "refused"}, outcomes
+    summary = re.search(r"drained: (\d+) requests admitted since start, (\d+) answered", log)
+    assert summary is not None, log
+    admitted, answered = map(int, summary.groups())
+    assert admitted == answered == outcomes["200"], (outcomes, admitted, answered)
+
+
+def test_a_slow_upload_does_not_hold_the_exit(models: Path) -> None:
+    with (
+        server_process(models, *TIMEOUTS, "--drain-timeout-s", "30") as (process, url, _log),
+        connect(url) as upload,
+    ):
+        upload.sendall(
+            b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 100000\r\n\r\n{"
+        )
+        started = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        for _ in range(10):  # a trickle: one byte every 0.3 s, for as long as it is let
+            try:
+                upload.sendall(b" ")
+            except OSError:
+                break
+            time.sleep(0.3)
+        assert process.wait(20) == 0
+        took = time.monotonic() - started
+    assert took < 8, took  # the body timeout (2 s), not the drain timeout (30 s)
+
+
+def test_a_second_sigterm_ends_the_drain_and_still_exits_0(models: Path) -> None:
+    with (
+        server_process(models, "--drain-timeout-s", "60") as (process, url, _log),
+        httpx.Client() as http,  # an idle keep-alive connection would hold the drain
+    ):
+        assert http.post(f"{url}/predict", json={"sequences": [[1]]}).status_code == 200
+        process.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        assert process.poll() is None  # draining, waiting on that idle connection
+        started = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(10) == 0
+        assert time.monotonic() - started < 5
