@@ -28,34 +28,7 @@ from locust.argument_parser import LocustArgumentParser
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from loadtest.lengths import SPECS, LengthDistribution
-
-WORDS = (
-    "the",
-    "a",
-    "model",
-    "server",
-    "batch",
-    "length",
-    "bucket",
-    "token",
-    "sequence",
-    "fast",
-    "exact",
-    "padding",
-    "request",
-    "queue",
-    "worker",
-    "latency",
-    "throughput",
-    "memory",
-    "replica",
-    "signal",
-    "answer",
-    "text",
-    "word",
-    "short",
-    "long",
-)
+from loadtest.payloads import WORDS
 
 
 @events.init_command_line_parser.add_listener  # type: ignore[untyped-decorator]
