@@ -73,13 +73,13 @@ class SequenceUser(FastHttpUser):
         self.lengths = LengthDistribution.parse(options.lengths, self.edges[-1])
         self.rng = np.random.default_rng()
         self.text = options.payload == "text"
-        if self.text and config["tokenizer"] is None:
+        if self.text and config.get("tokenizer") is None:  # (absent when there is none)
             raise ValueError(f"model {self.model} has no tokenizer: use --payload sequences")
         self.outputs = [o for o in options.outputs.split(",") if o]
         name, sequence = next(
             (n, i) for n, i in config["inputs"].items() if i["role"] in ("tokens", "features")
         )
-        self.vocab: int | None = sequence["vocab_size"]
+        self.vocab: int | None = sequence.get("vocab_size")  # (absent for features)
         shape = next(i["shape"] for i in metadata["inputs"] if i["name"] == name)
         self.feature_dim: int | None = shape[2] if len(shape) == 3 else None
 

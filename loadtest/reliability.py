@@ -131,21 +131,35 @@ def slow_clients(
 
 
 def soak(model: str, scratch: Path, requests: list[bytes], minutes: float) -> dict[str, Any]:
+    """Clients for `minutes`, the server's Pss read every tenth of the way (growth that levels
+    off is warm-up: arenas and caches; growth that keeps its slope is a leak)."""
     root = repository(model, scratch, "soak")
     with running_server(root, log_path=root.parent / "server.log") as (process, url):
         port = int(url.rsplit(":", 1)[1])
         asyncio.run(closed_loop("127.0.0.1", port, requests, 16, min(10, 60 * minutes)))  # warm
-        before = pss_mib(process.pid)
-        result = asyncio.run(closed_loop("127.0.0.1", port, requests, 16, 60 * minutes))
-        after = pss_mib(process.pid)
+
+        async def run() -> tuple[Any, list[float]]:
+            samples = [pss_mib(process.pid)]
+
+            async def sample() -> None:
+                while True:
+                    await asyncio.sleep(6 * minutes)
+                    samples.append(pss_mib(process.pid))
+
+            sampler = asyncio.create_task(sample())
+            result = await closed_loop("127.0.0.1", port, requests, 16, 60 * minutes)
+            sampler.cancel()
+            samples.append(pss_mib(process.pid))
+            return result, samples
+
+        result, samples = asyncio.run(run())
     return {
         "minutes": minutes,
         "clients": 16,
         "answered": len(result.latencies),
         "errors": dict(result.errors),
-        "pss_mib_start": round(before, 1),
-        "pss_mib_end": round(after, 1),
-        "pss_growth": round(after / before - 1, 4),
+        "pss_mib": [round(s, 1) for s in samples],
+        "pss_growth": round(samples[-1] / samples[0] - 1, 4),
     }
 
 
@@ -208,7 +222,7 @@ def markdown(report: dict[str, Any]) -> str:
             f"(timeouts {s['timeouts_s']}); one client meanwhile p50 {s['meanwhile_p50_ms']} ms, "
             f"p99 {s['meanwhile_p99_ms']} ms",
             f"- soak: {k['clients']} clients, {k['minutes']} min: {k['answered']} answered, "
-            f"errors {k['errors'] or 0}; Pss {k['pss_mib_start']} -> {k['pss_mib_end']} MiB "
+            f"errors {k['errors'] or 0}; Pss every tenth of the way {k['pss_mib']} MiB "
             f"({100 * k['pss_growth']:+.1f}%)",
             f"- drain: {d['clients']} keep-alive clients, SIGTERM: {d['outcomes']}; exit "
             f"{d['exit_code']} after {d['exit_after_s']} s",

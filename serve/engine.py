@@ -93,6 +93,10 @@ class Engine:
         ms = limit if timeout_ms is None else min(timeout_ms, limit)
         return time.monotonic() + ms / 1000
 
+    def refuse_now(self, model: Model, count: int) -> None:
+        """503 at once for a request the model's scheduler could not take now."""
+        self.schedulers[model.name].refuse_now(count)
+
     async def infer(
         self, model: Model, sequences: Sequence[np.ndarray], deadline: float
     ) -> list[Outputs]:

@@ -101,18 +101,25 @@ class Scheduler:
         """Draining: every request from now on is refused; what was admitted still runs."""
         self._draining = True
 
+    def refuse_now(self, count: int) -> None:
+        """Refuse a request of `count` sequences that could not be admitted now (draining, or
+        the queue full), before the edge spends work on it (tokenising its texts)."""
+        if self._draining:
+            self._observer.reject("draining")
+            raise Unavailable("the server is draining; retry on another replica")
+        if self.depth + count > self.capacity:
+            self._observer.reject("queue_full")
+            raise Unavailable(
+                f"model {self.model.name}: queue full ({self.capacity} sequences); retry later"
+            )
+
     def admit(
         self, sequences: Sequence[np.ndarray], deadline: float
     ) -> list[asyncio.Future[Outputs]]:
         """Let a request's validated sequences in, each into its bucket, or refuse the request
         whole. One future per sequence, in order."""
         name = self.model.name
-        if self._draining:
-            self._observer.reject("draining")
-            raise Unavailable("the server is draining; retry on another replica")
-        if self.depth + len(sequences) > self.capacity:
-            self._observer.reject("queue_full")
-            raise Unavailable(f"model {name}: queue full ({self.capacity} sequences); retry later")
+        self.refuse_now(len(sequences))
         now = self._clock()
         if deadline <= now:
             self._observer.reject("deadline")

@@ -126,3 +126,19 @@ async def test_draining_refuses_new_work_and_readiness_turns_false() -> None:
         log.gate.set()
         assert (await running).status_code == 200
         assert await asyncio.wait_for(drained, 5) is True
+
+
+async def test_text_meeting_a_full_queue_is_refused_before_it_is_tokenised() -> None:
+    """Under overload, refusing costs little: a text request is refused before its texts are
+    tokenised (the fake model has no tokenizer: tokenising would have answered 422)."""
+    engine, executor = gated_engine(queue_capacity=1)
+    async with serving(engine) as client:
+        running = asyncio.create_task(client.post("/predict", json={"sequences": [[1, 2, 3]]}))
+        await asyncio.to_thread(executor.entered.wait, 5)
+        queued = asyncio.create_task(client.post("/predict", json={"sequences": [[4] * 5]}))
+        await until(lambda: engine.schedulers["fake"].depth == 1)
+        refused = await client.post("/predict", json={"text": ["a text that is never tokenised"]})
+        executor.gate.set()
+        assert [(await r).status_code for r in (running, queued)] == [200, 200]
+    assert refused.status_code == 503
+    assert refused.json()["error"]["code"] == "unavailable"

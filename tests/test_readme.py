@@ -40,6 +40,7 @@ def test_ci_runs_the_readme_test_command() -> None:
 # Commands that a test elsewhere runs in full (in smoke mode): the module and the test file.
 RUN_ELSEWHERE = {
     "python -m loadtest.bench": "tests/test_bench.py",
+    "python -m loadtest.reliability": "tests/test_reliability.py",
     "python -m deploy.image.smoke": "tests/test_deploy.py",
 }
 NEEDS_DOCKER_OR_CLUSTER = ("docker ", "kubectl ")

@@ -131,6 +131,7 @@ async def predict(request: Request) -> Response:
     sequences = parsed.sequences
     if sequences is None:  # tokenising runs off the event loop, whatever its size
         assert parsed.texts is not None
+        engine.refuse_now(parsed.model, len(parsed.texts))  # not tokenised only to be refused
         sequences = await asyncio.to_thread(encode_texts, parsed.model, parsed.texts)
     within_token_budget(sequences, settings.max_request_tokens)
     deadline = engine.deadline(request_timeout_ms(request))
