@@ -30,7 +30,7 @@ from schemathesis.checks import (
 from tests.helpers import MODELS, copy_bundled, server_process
 from tests.zoo import add_to
 
-EXAMPLES = 100  # at most, per operation and mode (22 runs); well under a minute here
+EXAMPLES = 100  # at most, per operation and mode (23 runs); well under a minute here
 OPERATIONS = [
     "POST /predict",
     "GET /v2/health/live",

@@ -8,6 +8,7 @@ import re
 import shlex
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -44,6 +45,13 @@ RUN_ELSEWHERE = {
     "python -m deploy.image.smoke": "tests/test_deploy.py",
 }
 NEEDS_DOCKER_OR_CLUSTER = ("docker ", "kubectl ")
+# The README's commands assume its environment is activated; the suite may be run without
+# (`.venv/bin/python -m pytest`), so `bucketserve`, `python` and `locust` are looked up first
+# where the running interpreter lives.
+ACTIVATED = {
+    **os.environ,
+    "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+}
 
 
 def readme_commands() -> list[str]:
@@ -77,7 +85,7 @@ def _run(command: str, cwd: Path, port: int) -> subprocess.CompletedProcess[str]
     return subprocess.run(
         ["bash", "-o", "pipefail", "-c", command],
         cwd=cwd,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env={**ACTIVATED, "PYTHONPATH": str(ROOT)},
         capture_output=True,
         text=True,
         timeout=180,
@@ -97,7 +105,7 @@ def test_readme_commands_run(minilm_spec: ModelSpec, tmp_path: Path) -> None:
     server = subprocess.Popen(
         ["bash", "-c", f"exec {serve_command}"],
         cwd=ROOT,
-        env={**os.environ, "BUCKETSERVE_PORT": str(port), "BUCKETSERVE_LOG_LEVEL": "warning"},
+        env={**ACTIVATED, "BUCKETSERVE_PORT": str(port), "BUCKETSERVE_LOG_LEVEL": "warning"},
     )
     try:
         deadline = time.monotonic() + 120
