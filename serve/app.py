@@ -17,7 +17,7 @@ from fastapi.responses import PlainTextResponse
 from starlette.exceptions import HTTPException
 
 from serve.engine import Engine
-from serve.errors import BucketserveError, InvalidInput, ModelNotReady
+from serve.errors import BucketserveError, InvalidInput, ModelNotReady, error_form
 from serve.http import contract, kserve, predict
 from serve.http.common import SERVER_VERSION, ClientGone, error_response, json_response
 from serve.http.context import RequestContext
@@ -102,7 +102,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     async def on_http(request: Request, exc: HTTPException) -> Response:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         return json_response(
-            {"error": {"code": code, "message": str(exc.detail)}},
+            error_form(code, str(exc.detail)),
             exc.status_code,
             dict(exc.headers or {}),  # 405's Allow
         )
@@ -110,9 +110,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     @app.exception_handler(Exception)
     async def on_bug(request: Request, exc: Exception) -> Response:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return json_response(
-            {"error": {"code": "internal", "message": "internal server error"}}, 500
-        )
+        return json_response(error_form(BucketserveError.code, "internal server error"), 500)
 
     app.add_middleware(
         RequestContext,

@@ -28,6 +28,7 @@ import h11
 import orjson
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from serve.errors import MalformedRequest, Unavailable, error_form
 from serve.logs import Throttled
 
 log = logging.getLogger(__name__)
@@ -43,9 +44,7 @@ class Limits:
 
 async def _over_capacity(scope: Any, receive: Any, send: Any) -> None:
     """The answer on a connection past the cap: 503 in the error form, then closed."""
-    body = orjson.dumps(
-        {"error": {"code": "unavailable", "message": "too many open connections; retry later"}}
-    )
+    body = orjson.dumps(error_form(Unavailable.code, "too many open connections; retry later"))
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),
@@ -96,7 +95,7 @@ def guarded_protocol(
 
         def send_400_response(self, msg: str) -> None:
             """A request the parser refuses, answered in the error form."""
-            body = orjson.dumps({"error": {"code": "malformed", "message": f"{msg[:200]}"}})
+            body = orjson.dumps(error_form(MalformedRequest.code, msg[:200]))
             headers = [
                 (b"content-type", b"application/json"),
                 (b"content-length", str(len(body)).encode()),

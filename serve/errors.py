@@ -1,10 +1,16 @@
 """One error hierarchy for the whole server: each error carries its HTTP status and a short code.
 
 Errors are raised where a problem is found (config loading, validation at the edge, admission,
-the runtime) and mapped to a response in one place, by the HTTP layer.
+the runtime) and mapped to a response by the HTTP layer, always in `error_form`.
 """
 
 from __future__ import annotations
+
+
+def error_form(code: str, message: str) -> dict[str, dict[str, str]]:
+    """The one body every error answer has, whoever sends it (a route, the app, a connection
+    the application never sees)."""
+    return {"error": {"code": code, "message": message}}
 
 
 class BucketserveError(Exception):
@@ -22,6 +28,11 @@ class ConfigError(BucketserveError):
     """A model config or model file is missing or wrong; raised at start, naming file and field."""
 
     code = "bad_config"
+
+    @classmethod
+    def at(cls, path: object, field: str, message: str) -> ConfigError:
+        """`path: field: message`: the file, the field in it, and what is wrong and the fix."""
+        return cls(f"{path}: {field}: {message}")
 
 
 class MalformedRequest(BucketserveError):

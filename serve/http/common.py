@@ -21,6 +21,7 @@ from serve.errors import (
     PayloadTooLarge,
     Unavailable,
     UnsupportedMediaType,
+    error_form,
 )
 
 T = TypeVar("T")
@@ -118,9 +119,7 @@ def json_response(
 
 def error_response(error: BucketserveError) -> Response:
     headers = {"Retry-After": str(error.retry_after_s)} if isinstance(error, Unavailable) else None
-    return json_response(
-        {"error": {"code": error.code, "message": error.message}}, error.status, headers
-    )
+    return json_response(error_form(error.code, error.message), error.status, headers)
 
 
 def request_timeout_ms(request: Request) -> float | None:

@@ -2,7 +2,7 @@
 
 This is an edge of the system (a file written by people), so it is pydantic; every error names
 the file and the field. What the config says about the graph (input names, output names) is
-checked against the ONNX file by `repository`.
+checked against the ONNX file by `signature`.
 """
 
 from __future__ import annotations

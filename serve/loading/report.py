@@ -71,7 +71,6 @@ def served_config(
     """The model's config.toml as served: fitted edges, overrides and everything found at load
     (axes, per_step, policy, strategy) written in, and the check's figures beside it."""
     config = spec.config.model_dump(mode="json", exclude_none=True)
-    config["version"] = spec.version
     config["mode"] = "mutable" if strategy == "mutable" else "bucketing"
     config["binding"] = "shared-session" if strategy == "mutable" else strategy
     config["batching"]["policy"] = policy.value

@@ -9,6 +9,7 @@ why, and the others are served.
 
 from __future__ import annotations
 
+import functools
 import logging
 import tomllib
 from dataclasses import dataclass, field
@@ -84,9 +85,7 @@ def load_model_spec(model_dir: Path) -> ModelSpec | None:
         if not tokenizer_path.is_file():
             raise ConfigError(f"{config_path}: tokenizer.file: {tokenizer_path} not found")
     signature = read_signature(onnx_path, config)
-    axes = resolve_axes(
-        signature, config, lambda field, message: ConfigError(f"{onnx_path}: {field}: {message}")
-    )
+    axes = resolve_axes(signature, config, functools.partial(ConfigError.at, onnx_path))
     if config.batching.buckets == "auto":
         config = _fit_buckets(config, model_dir, config_path)
     return ModelSpec(model_dir.name, version, config, onnx_path, signature, axes, tokenizer_path)

@@ -85,9 +85,9 @@ def served_graph(spec: ModelSpec, cache_dir: Path, sessions_per_key: bool) -> Gr
     time dims."""
     path = spec.onnx_path
     names = spec.axes.batch_names, spec.axes.time_names
-    unnamed = _anonymous(spec)
     if sessions_per_key:
         path = _cached_copy(spec, cache_dir)
+        unnamed = _anonymous(spec)
         names = (
             names[0] + ((BATCH_NAME,) if unnamed[0] else ()),
             names[1] + ((TIME_NAME,) if unnamed[1] else ()),

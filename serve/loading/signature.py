@@ -6,6 +6,7 @@ config's names. Which axis is the batch and which is time is `axes`'s question.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,9 +88,7 @@ def read_signature(onnx_path: Path, config: ModelConfig) -> Signature:
     initializers = {t.name for t in graph.initializer}
     inputs = {v.name: _tensor(v) for v in graph.input if v.name not in initializers}
     outputs = {v.name: _tensor(v) for v in graph.output}
-
-    def fail(field: str, message: str) -> ConfigError:
-        return ConfigError(f"{onnx_path}: {field}: {message}")
+    fail = functools.partial(ConfigError.at, onnx_path)
 
     for name in config.inputs:
         if name not in inputs:

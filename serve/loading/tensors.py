@@ -5,6 +5,8 @@ at two shapes) and the rules one valid sequence follows (vocabulary, reserved id
 
 from __future__ import annotations
 
+import functools
+
 from serve.errors import ConfigError
 from serve.layout import Input, InputRole, Layout, Tensor
 from serve.loading.axes import Axes, probe_outputs, probe_shapes
@@ -44,10 +46,7 @@ def layout_of(spec: ModelSpec, run: Run | None = None) -> Layout:
 def _probe(spec: ModelSpec, inputs: Layout, run: Run | None) -> dict[str, Tensor]:
     """The open outputs' axes, from the model run at two shapes."""
     names = spec.axes.unresolved
-
-    def fail(field: str, message: str) -> ConfigError:
-        return ConfigError(f"{spec.onnx_path}: {field}: {message}")
-
+    fail = functools.partial(ConfigError.at, spec.onnx_path)
     if run is None:
         raise fail(f"outputs.{names[0]}", "its axes are found by running the model")
     points = probe_shapes(spec.config.batching.longest)
