@@ -32,22 +32,28 @@ def running_server(
     env: dict[str, str] | None = None,
     ready_within_s: float = 120,
 ) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
-    """The process and its base URL, once /v2/health/ready answers 200. On exit a process
-    still running gets SIGTERM (a graceful drain), then is killed if it does not stop."""
+    """`bucketserve serve` on the repository `models`: the process and its base URL, once
+    /v2/health/ready answers 200."""
+    command = [sys.executable, "-m", "serve.cli", "serve", "--models", str(models), *flags]
+    with running_process(command, log_path=log_path, env=env, ready_within_s=ready_within_s) as up:
+        yield up
+
+
+@contextlib.contextmanager
+def running_process(
+    command: list[str],
+    *,
+    log_path: Path,
+    env: dict[str, str] | None = None,
+    ready_within_s: float = 120,
+) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """`command --port N` on a free port N: the process and its base URL, once
+    /v2/health/ready answers 200. On exit a process still running gets SIGTERM (a graceful
+    drain), then is killed if it does not stop."""
     port = free_port()
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "serve.cli",
-                "serve",
-                "--models",
-                str(models),
-                "--port",
-                str(port),
-                *flags,
-            ],
+            [*command, "--port", str(port)],
             cwd=ROOT,
             stdout=log,
             stderr=subprocess.STDOUT,
