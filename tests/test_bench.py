@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from loadtest.bench import thread_layouts
 from tests.helpers import ROOT
 
 pytest.importorskip("matplotlib")
@@ -42,8 +43,16 @@ def test_bench_smoke(tmp_path: Path) -> None:
         "batching off",
         "one bucket",
         "bucketing, one instance",
+        "naive (one run per request)",
     ]
-    assert report["ceiling"]["seq_per_s"] > 0
+    assert report["payload"] == "tokens"  # tiny-encoder has no tokenizer
+    ceiling = report["ceiling"]
+    bests = ceiling["seq_per_s_spread"]["rounds"]
+    assert min(bests) <= ceiling["seq_per_s"] <= max(bests)
+    # Each round's ceiling is its best layout, so no layout's median beats the ceiling's.
+    # every thread layout worth trying on this machine, at batches of 4 and of 32 (the max)
+    assert len(ceiling["layouts"]) == 2 * len(thread_layouts(report["machine"]["cores"]))
+    assert max(ceiling["layouts"].values()) <= ceiling["seq_per_s"]
     for row in report["servers"]:
         assert row["seq_per_s"] > 0
         turns = row["seq_per_s_spread"]["rounds"]
@@ -51,10 +60,13 @@ def test_bench_smoke(tmp_path: Path) -> None:
         assert min(turns) <= row["seq_per_s"] <= max(turns)
         assert row["peak_pss_mib"] > 0
         assert len(row["loads"]) == 4
-        assert 0 <= row["padding_waste"] < 1
-    off = next(row for row in report["servers"] if row["name"] == "batching off")
-    assert off["padding_waste"] == 0  # one sequence per batch, run at its own length
-    assert len(report["targets"]) == 4
+        assert row["lone"]["requests"] > 0
+        assert row["lone"]["p50_ms"] > 0
+    rows = {row["name"]: row for row in report["servers"]}
+    assert rows["naive (one run per request)"]["padding_waste"] is None  # it has no metrics
+    assert all(0 <= rows[name]["padding_waste"] < 1 for name in names[:-1])
+    assert rows["batching off"]["padding_waste"] == 0  # one sequence per batch, at its length
+    assert len(report["targets"]) == 5
     table = (out / "bench.md").read_text()
     assert "| engine ceiling" in table
     assert (out / "bench.png").read_bytes().startswith(b"\x89PNG")
