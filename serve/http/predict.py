@@ -30,6 +30,9 @@ from serve.model import Model
 router = APIRouter()
 
 FIELDS = {"model", "sequences", "text", "outputs"}
+# Tokenising this many characters costs about what a hop to a worker thread and back does:
+# up to it, the event loop tokenises a request itself (most requests are a sentence or two).
+INLINE_TEXT_CHARS = 2000
 
 
 class PredictRequest(BaseModel):
@@ -96,6 +99,14 @@ def encode_texts(model: Model, texts: list[str]) -> list[np.ndarray]:
     return [model.validate(seq, i) for i, seq in enumerate(model.encode(texts))]
 
 
+async def tokenised(model: Model, texts: list[str]) -> list[np.ndarray]:
+    """`encode_texts` on the event loop for a short request, in a worker thread otherwise, so
+    that a large one never holds the loop up."""
+    if sum(len(t) for t in texts) <= INLINE_TEXT_CHARS:
+        return encode_texts(model, texts)
+    return await asyncio.to_thread(encode_texts, model, texts)
+
+
 def _wanted_outputs(names: Any, model: Model) -> list[str]:
     """The outputs to send back: all by default. Asking for fewer saves encoding and bytes
     (a per-token hidden state is hundreds of floats per token)."""
@@ -129,10 +140,10 @@ async def predict(request: Request) -> Response:
     raw = await read_body(request, settings.max_body_bytes)
     parsed = await off_loop(parse_predict, raw, engine.model, settings.max_sequences)
     sequences = parsed.sequences
-    if sequences is None:  # tokenising runs off the event loop, whatever its size
+    if sequences is None:
         assert parsed.texts is not None
         engine.refuse_now(parsed.model, len(parsed.texts))  # not tokenised only to be refused
-        sequences = await asyncio.to_thread(encode_texts, parsed.model, parsed.texts)
+        sequences = await tokenised(parsed.model, parsed.texts)
     within_token_budget(sequences, settings.max_request_tokens)
     deadline = engine.deadline(request_timeout_ms(request))
     model = parsed.model
