@@ -257,7 +257,8 @@ def servers(
         process, url = stack.enter_context(
             running_process(naive, log_path=out / "server-naive.log")
         )
-        started.append(Server(NAIVE, naive[1:], process, int(url.rsplit(":", 1)[1]), metrics=False))
+        port = int(url.rsplit(":", 1)[1])
+        started.append(Server(NAIVE, ["loadtest.naive", model], process, port, metrics=False))
         stop = threading.Event()
 
         def sample_memory() -> None:

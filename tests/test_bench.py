@@ -7,9 +7,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+import orjson
 import pytest
 
-from loadtest.bench import thread_layouts
+from loadtest.bench import thread_layouts, workload
+from loadtest.lengths import LengthDistribution
+from serve.loading import ModelSpec
 from tests.helpers import ROOT
 
 pytest.importorskip("matplotlib")
@@ -70,3 +74,19 @@ def test_bench_smoke(tmp_path: Path) -> None:
     table = (out / "bench.md").read_text()
     assert "| engine ceiling" in table
     assert (out / "bench.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_text_workload_tokenises_to_the_drawn_lengths(minilm_spec: ModelSpec) -> None:
+    """The bench's text payloads: each text tokenises (with the model's tokenizer, as the server
+    does) to about the length drawn for it, and the bodies carry the texts, not token ids."""
+    work = workload(minilm_spec, 300, "text", seed=3)
+    drawn = LengthDistribution.parse("natural", minilm_spec.config.batching.longest).sample(
+        np.random.default_rng(3), 300
+    )
+    tokens = np.array([len(s) for s in work.sequences])
+    assert np.abs(tokens - drawn).max() <= 3  # decoding can merge or split a piece or two
+    assert np.corrcoef(tokens, drawn)[0, 1] > 0.99
+    assert len(set(work.bodies)) == 300
+    body = orjson.loads(work.bodies[0].split(b"\r\n\r\n", 1)[1])
+    assert isinstance(body["text"][0], str)
+    assert body["outputs"] == ["sentence_embedding"]

@@ -30,8 +30,9 @@ from serve.model import Model
 router = APIRouter()
 
 FIELDS = {"model", "sequences", "text", "outputs"}
-# Tokenising this many characters costs about what a hop to a worker thread and back does:
-# up to it, the event loop tokenises a request itself (most requests are a sentence or two).
+# A hop to a worker thread and back costs what tokenising ~300 characters does (measured:
+# 139 us against 0.46 us a character); up to 2,000 characters (under a millisecond of the
+# loop) the event loop tokenises a request itself: most requests are a sentence or two.
 INLINE_TEXT_CHARS = 2000
 
 
