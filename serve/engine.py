@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from serve.errors import ModelNotFound, ModelNotReady
+from serve.errors import InvalidInput, ModelNotFound, ModelNotReady
 from serve.layout import Outputs
 from serve.metrics import Metrics
 from serve.model import Model
@@ -92,6 +92,15 @@ class Engine:
         limit = self.settings.request_timeout_ms
         ms = limit if timeout_ms is None else min(timeout_ms, limit)
         return time.monotonic() + ms / 1000
+
+    def within_token_budget(self, sequences: Sequence[np.ndarray]) -> None:
+        """One request's cost is bounded: its sequences' tokens (or steps) together."""
+        tokens = sum(len(s) for s in sequences)
+        limit = self.settings.max_request_tokens
+        if tokens > limit:
+            raise InvalidInput(
+                f"the request holds {tokens} tokens, more than the limit of {limit} per request"
+            )
 
     def refuse_now(self, model: Model, count: int) -> None:
         """503 at once for a request the model's scheduler could not take now."""

@@ -16,7 +16,6 @@ from starlette.requests import ClientDisconnect
 from serve.engine import Engine
 from serve.errors import (
     BucketserveError,
-    InvalidInput,
     MalformedRequest,
     PayloadTooLarge,
     Unavailable,
@@ -90,15 +89,6 @@ async def off_loop(decode: Callable[..., T], raw: bytes, *args: Any) -> T:
     if len(raw) < OFF_LOOP_BYTES:
         return decode(raw, *args)
     return await asyncio.to_thread(decode, raw, *args)
-
-
-def within_token_budget(sequences: Sequence[np.ndarray], limit: int) -> None:
-    """One request's cost is bounded: its sequences' tokens (or steps) at most `limit`."""
-    tokens = sum(len(s) for s in sequences)
-    if tokens > limit:
-        raise InvalidInput(
-            f"the request holds {tokens} tokens, more than the limit of {limit} per request"
-        )
 
 
 def parse_json(raw: bytes) -> Any:

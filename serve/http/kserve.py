@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 from fastapi import APIRouter, Request, Response
 
+from serve.engine import Engine
 from serve.errors import InvalidInput, ModelNotFound
 from serve.http.common import (
     BINARY,
@@ -25,9 +26,7 @@ from serve.http.common import (
     read_body,
     request_timeout_ms,
     unless_client_leaves,
-    within_token_budget,
 )
-from serve.http.rows import sequences_from_tensors, stack_outputs
 from serve.http.schemas import (
     IndexEntry,
     InferRequest,
@@ -40,27 +39,13 @@ from serve.http.schemas import (
     errors,
     inlined,
 )
-from serve.http.tensors import (
-    DATATYPE_OF,
-    Decoded,
-    decode_request,
-    encode_response,
-    header_length,
-)
-from serve.layout import InputRole, Tensor
+from serve.http.tensors import Decoded, decode_request, encode_response, header_length
 from serve.model import Model
-from serve.settings import Settings
+from serve.v2 import metadata, sequences_from_tensors, stack_outputs
 
 router = APIRouter(prefix="/v2", tags=["KServe v2"])
 
 HEADER_LENGTH = "inference-header-content-length"
-CLIENT_INPUTS = (
-    InputRole.TOKENS,
-    InputRole.FEATURES,
-    InputRole.MASK,
-    InputRole.LENGTHS,
-    InputRole.TOKEN_TYPES,
-)
 
 
 Handler = Callable[[Request, str, str | None], Awaitable[Response]]
@@ -139,14 +124,6 @@ async def server_metadata(request: Request) -> Response:
     )
 
 
-def _described(tensor: Tensor) -> dict[str, Any]:
-    return {
-        "name": tensor.name,
-        "datatype": DATATYPE_OF[tensor.dtype],
-        "shape": [-1 if d is None else d for d in tensor.dims],
-    }
-
-
 @model_routes(
     "GET",
     "",
@@ -155,17 +132,7 @@ def _described(tensor: Tensor) -> dict[str, Any]:
     responses=errors(404, 422, 503),
 )
 async def model_metadata(request: Request, name: str, version: str | None) -> Response:
-    model = _model(request, name, version)
-    layout = model.info.layout
-    return json_response(
-        {
-            "name": model.name,
-            "versions": [str(model.info.version)],
-            "platform": "onnxruntime_onnx",
-            "inputs": [_described(i.tensor) for i in layout.inputs if i.role in CLIENT_INPUTS],
-            "outputs": [_described(o) for o in layout.outputs],
-        }
-    )
+    return json_response(metadata(_model(request, name, version)))
 
 
 @model_routes(
@@ -224,12 +191,12 @@ async def repository_index(request: Request) -> Response:
 
 
 def _decode(
-    body: bytes, json_length: int | None, model: Model, settings: Settings
+    body: bytes, json_length: int | None, model: Model, engine: Engine
 ) -> tuple[Decoded, list[np.ndarray], int]:
     """The request's tensors, and its rows as validated sequences (T: the steps sent)."""
     parsed = decode_request(body, json_length)
-    sequences, steps = sequences_from_tensors(model, parsed.inputs, settings.max_sequences)
-    within_token_budget(sequences, settings.max_request_tokens)
+    sequences, steps = sequences_from_tensors(model, parsed.inputs, engine.settings.max_sequences)
+    engine.within_token_budget(sequences)
     return parsed, sequences, steps
 
 
@@ -261,7 +228,7 @@ async def infer(request: Request, name: str, version: str | None) -> Response:
     model = _model(request, name, version)
     body = await read_body(request, engine.settings.max_body_bytes, (JSON, BINARY))
     json_length = header_length(request.headers.get(HEADER_LENGTH), len(body))
-    parsed, sequences, steps = await off_loop(_decode, body, json_length, model, engine.settings)
+    parsed, sequences, steps = await off_loop(_decode, body, json_length, model, engine)
     known = model.info.layout.output_names
     wanted = parsed.outputs or dict.fromkeys(known, parsed.binary_by_default)
     for out in wanted:

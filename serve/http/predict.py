@@ -22,7 +22,6 @@ from serve.http.common import (
     read_body,
     request_timeout_ms,
     unless_client_leaves,
-    within_token_budget,
 )
 from serve.http.schemas import errors
 from serve.model import Model
@@ -145,7 +144,7 @@ async def predict(request: Request) -> Response:
         assert parsed.texts is not None
         engine.refuse_now(parsed.model, len(parsed.texts))  # not tokenised only to be refused
         sequences = await tokenised(parsed.model, parsed.texts)
-    within_token_budget(sequences, settings.max_request_tokens)
+    engine.within_token_budget(sequences)
     deadline = engine.deadline(request_timeout_ms(request))
     model = parsed.model
     outputs = await unless_client_leaves(request, engine.infer(model, sequences, deadline))

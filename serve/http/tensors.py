@@ -17,25 +17,7 @@ import orjson
 from serve.errors import InvalidInput, MalformedRequest
 from serve.http.common import parse_json
 from serve.http.schemas import InferRequest, InputTensor, validate
-
-DATATYPES: dict[str, np.dtype] = {
-    name: np.dtype(t)
-    for name, t in {
-        "BOOL": np.bool_,
-        "UINT8": np.uint8,
-        "UINT16": np.uint16,
-        "UINT32": np.uint32,
-        "UINT64": np.uint64,
-        "INT8": np.int8,
-        "INT16": np.int16,
-        "INT32": np.int32,
-        "INT64": np.int64,
-        "FP16": np.float16,
-        "FP32": np.float32,
-        "FP64": np.float64,
-    }.items()
-}
-DATATYPE_OF = {dtype: name for name, dtype in DATATYPES.items()}
+from serve.v2 import DATATYPE_OF, DATATYPES
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,8 @@
-"""KServe v2 rows to sequences and back: the rows of a `[n, T]` (or `[n, T, F]`, in the model's
-own axes) sequence tensor are n sequences, each cut to its own length; per-step outputs go back
-as `[n, T, ...]` with zeros past each row's length.
+"""KServe v2 tensors and a model's sequences, whatever carries them (HTTP in `serve.http.kserve`,
+gRPC in `serve.grpc`): the datatypes, the tensors a model shows its clients, and rows to
+sequences and back. The rows of a `[n, T]` (or `[n, T, F]`, in the model's own axes) sequence
+tensor are n sequences, each cut to its own length; per-step outputs go back as `[n, T, ...]`
+with zeros past each row's length.
 
 Each row's length comes from, in order: the model's mask or lengths input when the request
 sends it; a `sequence_lengths` input `[n]` (integers) for a model that has neither; for a
@@ -10,13 +12,61 @@ in the row; otherwise T.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from serve.errors import InvalidInput
-from serve.layout import Input, InputRole, Outputs
+from serve.layout import Input, InputRole, Outputs, Tensor
 from serve.model import Model
 
 LENGTHS_INPUT = "sequence_lengths"  # each row's length, for models without a mask or lengths
+DATATYPES: dict[str, np.dtype] = {
+    name: np.dtype(t)
+    for name, t in {
+        "BOOL": np.bool_,
+        "UINT8": np.uint8,
+        "UINT16": np.uint16,
+        "UINT32": np.uint32,
+        "UINT64": np.uint64,
+        "INT8": np.int8,
+        "INT16": np.int16,
+        "INT32": np.int32,
+        "INT64": np.int64,
+        "FP16": np.float16,
+        "FP32": np.float32,
+        "FP64": np.float64,
+    }.items()
+}
+DATATYPE_OF = {dtype: name for name, dtype in DATATYPES.items()}
+CLIENT_INPUTS = (  # what a client sends; states and the like are the server's to fill
+    InputRole.TOKENS,
+    InputRole.FEATURES,
+    InputRole.MASK,
+    InputRole.LENGTHS,
+    InputRole.TOKEN_TYPES,
+)
+
+
+def described(tensor: Tensor) -> dict[str, Any]:
+    """A tensor as v2 metadata shows it: name, datatype, shape with -1 for a free dim."""
+    return {
+        "name": tensor.name,
+        "datatype": DATATYPE_OF[tensor.dtype],
+        "shape": [-1 if d is None else d for d in tensor.dims],
+    }
+
+
+def metadata(model: Model) -> dict[str, Any]:
+    """The model's v2 metadata: the inputs a client sends and the outputs it gets."""
+    layout = model.info.layout
+    return {
+        "name": model.name,
+        "versions": [str(model.info.version)],
+        "platform": "onnxruntime_onnx",
+        "inputs": [described(i.tensor) for i in layout.inputs if i.role in CLIENT_INPUTS],
+        "outputs": [described(o) for o in layout.outputs],
+    }
 
 
 def _integers(given: np.ndarray, name: str, rows: int) -> np.ndarray:
