@@ -13,7 +13,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import socket
+from collections.abc import Sequence
 from types import FrameType
+from typing import Protocol
 
 import uvicorn
 
@@ -21,17 +24,34 @@ from serve import logs
 from serve.app import create_app
 from serve.connections import Limits, guarded_protocol
 from serve.engine import Engine
+from serve.errors import ConfigError
 from serve.loading import load_engine
 from serve.settings import Settings
 
 log = logging.getLogger(__name__)
 
 
+class Companion(Protocol):
+    """A listener beside HTTP on the same engine and loop (gRPC): started once the app is up,
+    stopped by the drain."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self, grace_s: float | None) -> None: ...
+
+
 class DrainingServer(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, engine: Engine, drain_timeout_s: float) -> None:
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        engine: Engine,
+        drain_timeout_s: float,
+        companions: Sequence[Companion] = (),
+    ) -> None:
         super().__init__(config)
         self.engine = engine
         self.drain_timeout_s = drain_timeout_s
+        self.companions = list(companions)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = asyncio.Event()  # every connection closed (set from the protocol)
         self._draining = False
@@ -39,6 +59,17 @@ class DrainingServer(uvicorn.Server):
     async def serve(self, sockets: list[object] | None = None) -> None:  # type: ignore[override]
         self._loop = asyncio.get_running_loop()
         await super().serve(sockets)  # type: ignore[arg-type]
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if not self.should_exit:  # (the app is up: the engine runs its schedulers)
+            for companion in self.companions:
+                await companion.start()
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        for companion in self.companions:
+            await companion.stop(0)  # (after a drain: stopped already)
+        await super().shutdown(sockets)
 
     def connection_closed(self, still_open: int) -> None:
         if self._draining and still_open == 0:
@@ -64,7 +95,9 @@ class DrainingServer(uvicorn.Server):
         deadline = loop.time() + self.drain_timeout_s
         for server in self.servers:
             server.close()  # a new connect is refused, never accepted and then dropped
-        await self.engine.drain()  # new work: 503 with Connection: close; admitted: answered
+        # gRPC takes no new call from now on; its calls in flight finish with the engine's.
+        stopping = [c.stop(self.drain_timeout_s) for c in self.companions]
+        await asyncio.gather(self.engine.drain(), *stopping)  # new work: 503; admitted: answered
         if self.server_state.connections:
             remaining = max(0.0, deadline - loop.time())
             try:  # idle keep-alive connections: their clients leave, or the timeout comes
@@ -81,15 +114,23 @@ def run(settings: Settings) -> int:
     logs.configure(settings.log_level, settings.log_json)
     engine = load_engine(settings)
     limits = Limits(settings.header_timeout_s, settings.body_timeout_s, settings.max_connections)
+    app = create_app(settings, engine)
+    companions: list[Companion] = []
+    if settings.grpc_port is not None:
+        try:
+            from serve.grpc import GrpcServer
+        except ImportError as exc:
+            raise ConfigError(f"--grpc-port needs the grpc extra ({exc})") from None
+        companions.append(GrpcServer(engine, app.state.metrics, settings))
     config = uvicorn.Config(
-        create_app(settings, engine),
+        app,
         host=settings.host,
         port=settings.port,
         log_config=None,
         access_log=False,
         timeout_keep_alive=settings.keep_alive_s,
     )
-    server = DrainingServer(config, engine, settings.drain_timeout_s)
+    server = DrainingServer(config, engine, settings.drain_timeout_s, companions)
     config.http = guarded_protocol(limits, server.connection_closed)
     log.info("serving %s on http://%s:%d", ", ".join(engine.models), settings.host, settings.port)
     server.run()

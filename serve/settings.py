@@ -26,6 +26,12 @@ class Settings:
         default="127.0.0.1", metadata={"help": "address to listen on (0.0.0.0 in a container)"}
     )
     port: int = field(default=8000, metadata={"help": "port to listen on"})
+    grpc_port: int | None = field(
+        default=None,
+        metadata={
+            "help": "also serve KServe v2 over gRPC on this port (the grpc extra; Triton's is 8001)"
+        },
+    )
     default_model: str | None = field(
         default=None,
         metadata={"help": "model for requests that name none (default: the repository's choice)"},

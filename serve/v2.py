@@ -48,6 +48,28 @@ CLIENT_INPUTS = (  # what a client sends; states and the like are the server's t
 )
 
 
+def fitted(values: np.ndarray, dtype: np.dtype, name: str, datatype: str) -> np.ndarray:
+    """Values sent as numbers (JSON, gRPC's typed contents) converted to `dtype`, or
+    InvalidInput when one would change on the way: an integer out of range (INT8 300 would
+    wrap to 44), a float that overflows to infinity."""
+    if values.size == 0:
+        return values.astype(dtype)
+    kinds = "b" if dtype.kind == "b" else ("iu" if dtype.kind in "iu" else "iuf")
+    if values.dtype.kind not in kinds:
+        raise InvalidInput(f"input {name}: values do not fit datatype {datatype}")
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        if values.min() < info.min or values.max() > info.max:
+            raise InvalidInput(
+                f"input {name}: values must lie in [{info.min}, {info.max}] for {datatype}"
+            )
+    with np.errstate(over="ignore"):  # an overflow shows as infinity, refused just below
+        converted = values.astype(dtype)
+    if dtype.kind == "f" and not np.isfinite(converted).all():
+        raise InvalidInput(f"input {name}: values must be finite {datatype} numbers")
+    return converted
+
+
 def described(tensor: Tensor) -> dict[str, Any]:
     """A tensor as v2 metadata shows it: name, datatype, shape with -1 for a free dim."""
     return {

@@ -17,7 +17,7 @@ import orjson
 from serve.errors import InvalidInput, MalformedRequest
 from serve.http.common import parse_json
 from serve.http.schemas import InferRequest, InputTensor, validate
-from serve.v2 import DATATYPE_OF, DATATYPES
+from serve.v2 import DATATYPE_OF, DATATYPES, fitted
 
 
 @dataclass(frozen=True)
@@ -27,27 +27,6 @@ class Decoded:
     outputs: dict[str, bool] | None  # requested output -> send as binary; None: all outputs
     binary_by_default: bool
     timeout_ms: float | None  # the request's own deadline, if it gave one (Triton's timeout)
-
-
-def _fits(values: np.ndarray, dtype: np.dtype, name: str, datatype: str) -> np.ndarray:
-    """JSON values converted to `dtype`, or InvalidInput when one would change on the way: an
-    integer out of range (INT8 300 would wrap to 44), a float that overflows to infinity."""
-    if values.size == 0:
-        return values.astype(dtype)
-    kinds = "b" if dtype.kind == "b" else ("iu" if dtype.kind in "iu" else "iuf")
-    if values.dtype.kind not in kinds:
-        raise InvalidInput(f"input {name}: values do not fit datatype {datatype}")
-    if dtype.kind in "iu":
-        info = np.iinfo(dtype)
-        if values.min() < info.min or values.max() > info.max:
-            raise InvalidInput(
-                f"input {name}: values must lie in [{info.min}, {info.max}] for {datatype}"
-            )
-    with np.errstate(over="ignore"):  # an overflow shows as infinity, refused just below
-        converted = values.astype(dtype)
-    if dtype.kind == "f" and not np.isfinite(converted).all():
-        raise InvalidInput(f"input {name}: values must be finite {datatype} numbers")
-    return converted
 
 
 def _tensor(spec: InputTensor, binary: memoryview, offset: int) -> tuple[np.ndarray, int]:
@@ -79,7 +58,7 @@ def _tensor(spec: InputTensor, binary: memoryview, offset: int) -> tuple[np.ndar
         raise MalformedRequest(f"input {name}: 'data' is not a rectangular array") from None
     if values.size != math.prod(shape):
         raise MalformedRequest(f"input {name}: {values.size} values for shape {shape}")
-    return _fits(values, dtype, name, spec.datatype).reshape(shape), offset
+    return fitted(values, dtype, name, spec.datatype).reshape(shape), offset
 
 
 def header_length(value: str | None, body_size: int) -> int | None:

@@ -1,0 +1,172 @@
+"""The KServe v2 gRPC messages (package `inference`, service `GRPCInferenceService`), declared
+here field by field rather than generated: generated code pins the protobuf runtime it may run
+on, and the clients people use (`tritonclient.grpc`) pin theirs. Only what is on the wire
+matters: names, numbers and types are the protocol's, so any v2 client reads them.
+
+The subset served: liveness, readiness, metadata and `ModelInfer`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+PACKAGE = "inference"
+SERVICE = f"{PACKAGE}.GRPCInferenceService"
+
+_Field = descriptor_pb2.FieldDescriptorProto
+_SCALARS = {
+    "bool": _Field.TYPE_BOOL,
+    "int32": _Field.TYPE_INT32,
+    "int64": _Field.TYPE_INT64,
+    "uint32": _Field.TYPE_UINT32,
+    "uint64": _Field.TYPE_UINT64,
+    "float": _Field.TYPE_FLOAT,
+    "double": _Field.TYPE_DOUBLE,
+    "string": _Field.TYPE_STRING,
+    "bytes": _Field.TYPE_BYTES,
+}
+PARAMETERS = ("parameters", "map<InferParameter>")  # map<string, InferParameter>
+
+# message -> [(field, number, type)]; "repeated T" and "map<T>" as in a .proto file, nested
+# messages as "Outer.Inner".
+MESSAGES: dict[str, list[tuple[str, int, str]]] = {
+    "ServerLiveRequest": [],
+    "ServerLiveResponse": [("live", 1, "bool")],
+    "ServerReadyRequest": [],
+    "ServerReadyResponse": [("ready", 1, "bool")],
+    "ModelReadyRequest": [("name", 1, "string"), ("version", 2, "string")],
+    "ModelReadyResponse": [("ready", 1, "bool")],
+    "ServerMetadataRequest": [],
+    "ServerMetadataResponse": [
+        ("name", 1, "string"),
+        ("version", 2, "string"),
+        ("extensions", 3, "repeated string"),
+    ],
+    "ModelMetadataRequest": [("name", 1, "string"), ("version", 2, "string")],
+    "ModelMetadataResponse.TensorMetadata": [
+        ("name", 1, "string"),
+        ("datatype", 2, "string"),
+        ("shape", 3, "repeated int64"),
+    ],
+    "ModelMetadataResponse": [
+        ("name", 1, "string"),
+        ("versions", 2, "repeated string"),
+        ("platform", 3, "string"),
+        ("inputs", 4, "repeated ModelMetadataResponse.TensorMetadata"),
+        ("outputs", 5, "repeated ModelMetadataResponse.TensorMetadata"),
+    ],
+    # (a oneof in the protocol; as plain fields, the wire is the same)
+    "InferParameter": [
+        ("bool_param", 1, "bool"),
+        ("int64_param", 2, "int64"),
+        ("string_param", 3, "string"),
+        ("double_param", 4, "double"),
+        ("uint64_param", 5, "uint64"),
+    ],
+    "InferTensorContents": [
+        ("bool_contents", 1, "repeated bool"),
+        ("int_contents", 2, "repeated int32"),
+        ("int64_contents", 3, "repeated int64"),
+        ("uint_contents", 4, "repeated uint32"),
+        ("uint64_contents", 5, "repeated uint64"),
+        ("fp32_contents", 6, "repeated float"),
+        ("fp64_contents", 7, "repeated double"),
+        ("bytes_contents", 8, "repeated bytes"),
+    ],
+    "ModelInferRequest.InferInputTensor": [
+        ("name", 1, "string"),
+        ("datatype", 2, "string"),
+        ("shape", 3, "repeated int64"),
+        (PARAMETERS[0], 4, PARAMETERS[1]),
+        ("contents", 5, "InferTensorContents"),
+    ],
+    "ModelInferRequest.InferRequestedOutputTensor": [
+        ("name", 1, "string"),
+        (PARAMETERS[0], 2, PARAMETERS[1]),
+    ],
+    "ModelInferRequest": [
+        ("model_name", 1, "string"),
+        ("model_version", 2, "string"),
+        ("id", 3, "string"),
+        (PARAMETERS[0], 4, PARAMETERS[1]),
+        ("inputs", 5, "repeated ModelInferRequest.InferInputTensor"),
+        ("outputs", 6, "repeated ModelInferRequest.InferRequestedOutputTensor"),
+        ("raw_input_contents", 7, "repeated bytes"),
+    ],
+    "ModelInferResponse.InferOutputTensor": [
+        ("name", 1, "string"),
+        ("datatype", 2, "string"),
+        ("shape", 3, "repeated int64"),
+        (PARAMETERS[0], 4, PARAMETERS[1]),
+        ("contents", 5, "InferTensorContents"),
+    ],
+    "ModelInferResponse": [
+        ("model_name", 1, "string"),
+        ("model_version", 2, "string"),
+        ("id", 3, "string"),
+        (PARAMETERS[0], 4, PARAMETERS[1]),
+        ("outputs", 5, "repeated ModelInferResponse.InferOutputTensor"),
+        ("raw_output_contents", 6, "repeated bytes"),
+    ],
+}
+# method -> (request, response)
+METHODS = {
+    name: (f"{name}Request", f"{name}Response")
+    for name in ("ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata")
+} | {"ModelInfer": ("ModelInferRequest", "ModelInferResponse")}
+
+
+def _add_field(
+    message: descriptor_pb2.DescriptorProto, path: str, name: str, number: int, kind: str
+) -> None:
+    """Declare a field of `message` (the message named `path`)."""
+    field = message.field.add(name=name, number=number)
+    field.label = _Field.LABEL_OPTIONAL
+    if kind.startswith("map<"):  # a map is a repeated nested XEntry {key = 1; value = 2}
+        entry = message.nested_type.add(name=name.title().replace("_", "") + "Entry")
+        entry.options.map_entry = True
+        _add_field(entry, f"{path}.{entry.name}", "key", 1, "string")
+        _add_field(entry, f"{path}.{entry.name}", "value", 2, kind[4:-1])
+        field.label = _Field.LABEL_REPEATED
+        field.type = _Field.TYPE_MESSAGE
+        field.type_name = f".{PACKAGE}.{path}.{entry.name}"
+        return
+    if kind.startswith("repeated "):
+        field.label = _Field.LABEL_REPEATED
+        kind = kind.removeprefix("repeated ")
+    if kind in _SCALARS:
+        field.type = _SCALARS[kind]
+    else:
+        field.type = _Field.TYPE_MESSAGE
+        field.type_name = f".{PACKAGE}.{kind}"
+
+
+def _file() -> descriptor_pb2.FileDescriptorProto:
+    file = descriptor_pb2.FileDescriptorProto(
+        name="bucketserve/kserve_v2.proto", package=PACKAGE, syntax="proto3"
+    )
+    declared: dict[str, descriptor_pb2.DescriptorProto] = {}
+    for path in sorted(MESSAGES, key=lambda p: p.count(".")):  # outer messages first
+        outer, _, inner = path.rpartition(".")
+        message = (declared[outer].nested_type if outer else file.message_type).add(
+            name=inner or path
+        )
+        declared[path] = message
+    for path, fields in MESSAGES.items():
+        for name, number, kind in fields:
+            _add_field(declared[path], path, name, number, kind)
+    return file
+
+
+def _classes() -> dict[str, Any]:
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(_file())
+    return {
+        path: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{PACKAGE}.{path}"))
+        for path in MESSAGES
+    }
+
+
+MESSAGE_CLASSES = _classes()

@@ -1,0 +1,264 @@
+"""KServe v2 over gRPC: `GRPCInferenceService` on the engine that HTTP serves, on its own port.
+
+`ModelInfer` takes the steps of HTTP's v2 infer: tensors (raw contents, or typed contents
+checked to fit their datatype) -> `serve.v2` rows -> the engine's token budget, deadline,
+admission and scheduler -> output tensors as raw contents (as Triton sends them). A request's
+deadline is the sooner of its gRPC deadline and Triton's `timeout` parameter (microseconds),
+never later than the server's. Errors carry the status codes Triton's clients expect; a bug
+is logged and answered INTERNAL without its details. A client that cancels leaves nothing to
+compute. Metrics are the HTTP routes', under the method's path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Awaitable, Callable
+from importlib.metadata import version
+from typing import Any
+
+import grpc
+import numpy as np
+
+from serve.engine import Engine
+from serve.errors import (
+    BucketserveError,
+    InvalidInput,
+    MalformedRequest,
+    ModelNotFound,
+    ModelNotReady,
+)
+from serve.grpc.protocol import MESSAGE_CLASSES, METHODS, SERVICE
+from serve.metrics import Metrics
+from serve.model import Model
+from serve.settings import Settings
+from serve.v2 import DATATYPE_OF, DATATYPES, fitted, metadata, sequences_from_tensors, stack_outputs
+
+log = logging.getLogger(__name__)
+
+SERVER_NAME = "bucketserve"
+STATUS_CODES = {  # HTTP status of our error -> the gRPC code Triton answers such a request with
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    404: grpc.StatusCode.NOT_FOUND,
+    413: grpc.StatusCode.INVALID_ARGUMENT,
+    415: grpc.StatusCode.INVALID_ARGUMENT,
+    422: grpc.StatusCode.INVALID_ARGUMENT,
+    503: grpc.StatusCode.UNAVAILABLE,
+    504: grpc.StatusCode.DEADLINE_EXCEEDED,
+}
+CONTENTS = {  # datatype -> the typed-contents field it travels in (FP16 has none: raw only)
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+}
+# A request this large is decoded in a worker thread, not on the event loop (as over HTTP).
+OFF_LOOP_BYTES = 64 * 1024
+
+Message = Any  # the classes of `protocol` are made at run time
+Handler = Callable[[Message, grpc.aio.ServicerContext], Awaitable[Message]]
+
+
+def decode_inputs(request: Message) -> dict[str, np.ndarray]:
+    """The request's input tensors as arrays; every raw byte accounted for."""
+    raw = request.raw_input_contents
+    if raw and len(raw) != len(request.inputs):
+        raise MalformedRequest(
+            f"{len(raw)} raw_input_contents for {len(request.inputs)} inputs: send every input "
+            "raw, or none"
+        )
+    inputs: dict[str, np.ndarray] = {}
+    for index, tensor in enumerate(request.inputs):
+        name, datatype, shape = tensor.name, tensor.datatype, list(tensor.shape)
+        if name in inputs:
+            raise MalformedRequest(f"input {name} given twice")
+        if datatype not in DATATYPES:
+            raise InvalidInput(
+                f"input {name}: datatype {datatype!r} is not supported "
+                f"(use one of {sorted(DATATYPES)})"
+            )
+        if any(d < 0 for d in shape):
+            raise MalformedRequest(f"input {name}: shape {shape} has a negative dimension")
+        dtype, count = DATATYPES[datatype], math.prod(shape)
+        if raw:
+            if tensor.HasField("contents"):
+                raise MalformedRequest(f"input {name}: both contents and raw_input_contents")
+            data = raw[index]
+            if len(data) != count * dtype.itemsize:
+                raise MalformedRequest(
+                    f"input {name}: {len(data)} raw bytes for shape {shape} of {datatype} "
+                    f"({count * dtype.itemsize} bytes)"
+                )
+            inputs[name] = np.frombuffer(data, dtype.newbyteorder("<")).reshape(shape)
+            continue
+        field = CONTENTS.get(datatype)
+        if field is None:
+            raise InvalidInput(f"input {name}: {datatype} travels as raw_input_contents only")
+        values = np.asarray(getattr(tensor.contents, field))
+        if values.size != count:
+            raise MalformedRequest(f"input {name}: {values.size} values for shape {shape}")
+        inputs[name] = fitted(values, dtype, name, datatype).reshape(shape)
+    return inputs
+
+
+class InferenceService:
+    """The methods of `GRPCInferenceService` that bucketserve serves."""
+
+    def __init__(self, engine: Engine, metrics: Metrics) -> None:
+        self.engine = engine
+        self.metrics = metrics
+        self.messages = MESSAGE_CLASSES
+
+    def _ready(self) -> bool:
+        return not self.engine.draining
+
+    def _model(self, name: str, version: str) -> Model:
+        model = self.engine.model(name or None)
+        if version and version != str(model.info.version):
+            raise ModelNotFound(
+                f"model {model.name} has no version {version[:32]!r} (serving {model.info.version})"
+            )
+        return model
+
+    async def ServerLive(self, request: Message, context: grpc.aio.ServicerContext) -> Message:  # noqa: N802
+        return self.messages["ServerLiveResponse"](live=True)
+
+    async def ServerReady(self, request: Message, context: grpc.aio.ServicerContext) -> Message:  # noqa: N802
+        return self.messages["ServerReadyResponse"](ready=self._ready())
+
+    async def ModelReady(self, request: Message, context: grpc.aio.ServicerContext) -> Message:  # noqa: N802
+        if request.name in self.engine.failed:
+            return self.messages["ModelReadyResponse"](ready=False)
+        self._model(request.name, request.version)
+        return self.messages["ModelReadyResponse"](ready=self._ready())
+
+    async def ServerMetadata(self, request: Message, context: grpc.aio.ServicerContext) -> Message:  # noqa: N802
+        return self.messages["ServerMetadataResponse"](
+            name=SERVER_NAME, version=version(SERVER_NAME), extensions=[]
+        )
+
+    async def ModelMetadata(self, request: Message, context: grpc.aio.ServicerContext) -> Message:  # noqa: N802
+        described = metadata(self._model(request.name, request.version))
+        tensor = self.messages["ModelMetadataResponse.TensorMetadata"]
+        return self.messages["ModelMetadataResponse"](
+            name=described["name"],
+            versions=described["versions"],
+            platform=described["platform"],
+            inputs=[tensor(**t) for t in described["inputs"]],
+            outputs=[tensor(**t) for t in described["outputs"]],
+        )
+
+    async def ModelInfer(self, request: Message, context: grpc.aio.ServicerContext) -> Message:  # noqa: N802
+        engine = self.engine
+        model = self._model(request.model_name, request.model_version)
+        if request.ByteSize() > OFF_LOOP_BYTES:
+            sequences, steps = await asyncio.to_thread(self._sequences, request, model)
+        else:
+            sequences, steps = self._sequences(request, model)
+        known = model.info.layout.output_names
+        wanted = [out.name for out in request.outputs] or list(known)
+        for name in wanted:
+            if name not in known:
+                raise InvalidInput(f"model {model.name} has no output {name}")
+        timeouts = []
+        remaining = context.time_remaining()
+        if remaining is not None:
+            timeouts.append(remaining * 1000)
+        if "timeout" in request.parameters:  # Triton's: microseconds
+            timeouts.append(request.parameters["timeout"].int64_param / 1000)
+        deadline = engine.deadline(min(timeouts, default=None))
+        answers = await engine.infer(model, sequences, deadline)
+        tensors = stack_outputs(model, answers, wanted, steps)
+        response = self.messages["ModelInferResponse"](
+            model_name=model.name, model_version=str(model.info.version), id=request.id
+        )
+        for name, array in tensors.items():
+            response.outputs.add(name=name, datatype=DATATYPE_OF[array.dtype], shape=array.shape)
+            little = np.ascontiguousarray(array, array.dtype.newbyteorder("<"))
+            response.raw_output_contents.append(little.tobytes())
+        return response
+
+    def _sequences(self, request: Message, model: Model) -> tuple[list[np.ndarray], int]:
+        inputs = decode_inputs(request)
+        sequences, steps = sequences_from_tensors(model, inputs, self.engine.settings.max_sequences)
+        self.engine.within_token_budget(sequences)
+        return sequences, steps
+
+    def _answered(self, method: str, handler: Handler) -> Handler:
+        """`handler` with its errors turned into status codes, and its metrics kept."""
+        route = f"/{SERVICE}/{method}"
+
+        async def call(request: Message, context: grpc.aio.ServicerContext) -> Message:
+            start, status = time.perf_counter(), 200
+            try:
+                return await handler(request, context)
+            except BucketserveError as exc:
+                status = exc.status
+                if exc.status < 500 or isinstance(exc, ModelNotReady):  # (admission counts)
+                    self.metrics.reject(exc.code)
+                code = STATUS_CODES.get(exc.status, grpc.StatusCode.INTERNAL)
+                await context.abort(code, exc.message)
+                raise  # (abort raises; this line is never reached)
+            except asyncio.CancelledError:
+                status = 499  # the client cancelled, or its deadline passed
+                raise
+            except grpc.aio.AbortError:
+                raise
+            except Exception:
+                status = 500
+                log.exception("unhandled error in %s", route)
+                await context.abort(grpc.StatusCode.INTERNAL, "internal server error")
+                raise
+            finally:
+                self.metrics.request_done(route, status, time.perf_counter() - start)
+
+        return call
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        methods = {}
+        for method, (request, response) in METHODS.items():
+            methods[method] = grpc.unary_unary_rpc_method_handler(
+                self._answered(method, getattr(self, method)),
+                request_deserializer=self.messages[request].FromString,
+                response_serializer=self.messages[response].SerializeToString,
+            )
+        return grpc.method_handlers_generic_handler(SERVICE, methods)
+
+
+class GrpcServer:
+    """The gRPC listener beside HTTP: started after the engine, stopped by the drain."""
+
+    def __init__(self, engine: Engine, metrics: Metrics, settings: Settings) -> None:
+        self.service = InferenceService(engine, metrics)
+        self.address = f"{settings.host}:{settings.grpc_port}"
+        self.max_message_bytes = settings.max_body_bytes
+        self._server: grpc.aio.Server | None = None
+
+    async def start(self) -> None:
+        server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", self.max_message_bytes),
+                ("grpc.max_send_message_length", -1),
+                ("grpc.so_reuseport", 0),
+            ]
+        )
+        server.add_generic_rpc_handlers((self.service.handler(),))
+        if server.add_insecure_port(self.address) == 0:
+            raise OSError(f"cannot listen for gRPC on {self.address}")
+        await server.start()
+        self._server = server
+        log.info("serving KServe v2 over gRPC on %s", self.address)
+
+    async def stop(self, grace_s: float | None) -> None:
+        """No new call from now on; calls in flight get `grace_s` to finish."""
+        if self._server is not None:
+            await self._server.stop(grace_s)
