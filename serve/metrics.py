@@ -26,13 +26,13 @@ class Metrics:
         r = self.registry
         self.requests = Counter(
             "bucketserve_requests",
-            "HTTP requests by route and status",
+            "requests (HTTP, and gRPC by method path) by route and status",
             ["route", "status"],
             registry=r,
         )
         self.request_seconds = Histogram(
             "bucketserve_request_seconds",
-            "HTTP request latency",
+            "request latency (HTTP and gRPC)",
             ["route"],
             buckets=LATENCY_BUCKETS,
             registry=r,
