@@ -142,6 +142,17 @@ def spec_of(root: Path, name: str) -> ModelSpec:
     return spec
 
 
+def padded(sequences: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Token id rows padded with 0 to the longest, and their 0/1 mask."""
+    longest = max(len(s) for s in sequences)
+    ids = np.zeros((len(sequences), longest), np.int64)
+    mask = np.zeros_like(ids)
+    for row, seq in enumerate(sequences):
+        ids[row, : len(seq)] = seq
+        mask[row, : len(seq)] = 1
+    return ids, mask
+
+
 @contextlib.contextmanager
 def server_process(
     models: Path, *flags: str

@@ -11,7 +11,7 @@ import pytest
 
 from serve.loading.check import random_sequences
 from serve.loading.tensors import sequence_rules
-from tests.helpers import Reference, copy_bundled, server_process, spec_of
+from tests.helpers import Reference, copy_bundled, padded, server_process, spec_of
 from tests.zoo import add_to
 
 httpclient = pytest.importorskip("tritonclient.http")
@@ -27,16 +27,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> object:
     add_to(root, "int8-bilstm")  # no mask, and batch-variant: served one sequence per run
     with server_process(root, "--default-model", "tiny-encoder") as (_, url, _log):
         yield url, root
-
-
-def padded(sequences: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
-    longest = max(len(s) for s in sequences)
-    ids = np.zeros((len(sequences), longest), np.int64)
-    mask = np.zeros_like(ids)
-    for row, seq in enumerate(sequences):
-        ids[row, : len(seq)] = seq
-        mask[row, : len(seq)] = 1
-    return ids, mask
 
 
 @pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])

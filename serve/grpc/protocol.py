@@ -27,7 +27,13 @@ _SCALARS = {
     "string": _Field.TYPE_STRING,
     "bytes": _Field.TYPE_BYTES,
 }
-PARAMETERS = ("parameters", "map<InferParameter>")  # map<string, InferParameter>
+TENSOR = [  # the fields of an input tensor and of an output tensor alike
+    ("name", 1, "string"),
+    ("datatype", 2, "string"),
+    ("shape", 3, "repeated int64"),
+    ("parameters", 4, "map<InferParameter>"),  # map<string, InferParameter>
+    ("contents", 5, "InferTensorContents"),
+]
 
 # message -> [(field, number, type)]; "repeated T" and "map<T>" as in a .proto file, nested
 # messages as "Outer.Inner".
@@ -75,38 +81,26 @@ MESSAGES: dict[str, list[tuple[str, int, str]]] = {
         ("fp64_contents", 7, "repeated double"),
         ("bytes_contents", 8, "repeated bytes"),
     ],
-    "ModelInferRequest.InferInputTensor": [
-        ("name", 1, "string"),
-        ("datatype", 2, "string"),
-        ("shape", 3, "repeated int64"),
-        (PARAMETERS[0], 4, PARAMETERS[1]),
-        ("contents", 5, "InferTensorContents"),
-    ],
+    "ModelInferRequest.InferInputTensor": TENSOR,
     "ModelInferRequest.InferRequestedOutputTensor": [
         ("name", 1, "string"),
-        (PARAMETERS[0], 2, PARAMETERS[1]),
+        ("parameters", 2, "map<InferParameter>"),
     ],
     "ModelInferRequest": [
         ("model_name", 1, "string"),
         ("model_version", 2, "string"),
         ("id", 3, "string"),
-        (PARAMETERS[0], 4, PARAMETERS[1]),
+        ("parameters", 4, "map<InferParameter>"),
         ("inputs", 5, "repeated ModelInferRequest.InferInputTensor"),
         ("outputs", 6, "repeated ModelInferRequest.InferRequestedOutputTensor"),
         ("raw_input_contents", 7, "repeated bytes"),
     ],
-    "ModelInferResponse.InferOutputTensor": [
-        ("name", 1, "string"),
-        ("datatype", 2, "string"),
-        ("shape", 3, "repeated int64"),
-        (PARAMETERS[0], 4, PARAMETERS[1]),
-        ("contents", 5, "InferTensorContents"),
-    ],
+    "ModelInferResponse.InferOutputTensor": TENSOR,
     "ModelInferResponse": [
         ("model_name", 1, "string"),
         ("model_version", 2, "string"),
         ("id", 3, "string"),
-        (PARAMETERS[0], 4, PARAMETERS[1]),
+        ("parameters", 4, "map<InferParameter>"),
         ("outputs", 5, "repeated ModelInferResponse.InferOutputTensor"),
         ("raw_output_contents", 6, "repeated bytes"),
     ],

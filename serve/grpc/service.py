@@ -42,8 +42,6 @@ SERVER_NAME = "bucketserve"
 STATUS_CODES = {  # HTTP status of our error -> the gRPC code Triton answers such a request with
     400: grpc.StatusCode.INVALID_ARGUMENT,
     404: grpc.StatusCode.NOT_FOUND,
-    413: grpc.StatusCode.INVALID_ARGUMENT,
-    415: grpc.StatusCode.INVALID_ARGUMENT,
     422: grpc.StatusCode.INVALID_ARGUMENT,
     503: grpc.StatusCode.UNAVAILABLE,
     504: grpc.StatusCode.DEADLINE_EXCEEDED,
