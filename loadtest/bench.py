@@ -48,7 +48,7 @@ import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
 from loadtest.lengths import LengthDistribution
-from loadtest.loadgen import Result, closed_loop, encode_post, open_loop
+from loadtest.loadgen import Connect, Result, closed_loop, encode_post, http, open_loop
 from loadtest.payloads import natural_texts
 from loadtest.process import ROOT, running_process, running_server
 from serve.bucketing import BucketPlan
@@ -208,6 +208,8 @@ def pss_bytes(pid: int) -> int:
 
 @dataclass
 class Server:
+    """A server process the benchmark started."""
+
     name: str
     flags: list[str]
     process: subprocess.Popen[bytes]
@@ -276,6 +278,16 @@ def servers(
             sampler.join()
 
 
+@dataclass(frozen=True)
+class Row:
+    """One row of the table: a server, how its clients reach it and what they send."""
+
+    name: str
+    server: Server
+    connect: Connect
+    requests: list[bytes]
+
+
 def rotated(items: list[Any], by: int) -> list[Any]:
     """`items` starting at position `by`: each round, a different one goes first."""
     by %= len(items)
@@ -292,29 +304,28 @@ def spread(values: list[float]) -> dict[str, Any]:
 
 
 def saturation_rounds(
-    servers: list[Server],
+    rows: list[Row],
     ceiling_run: Callable[[], dict[str, Any]],
-    bodies: list[bytes],
     rounds: int,
     times: dict[str, float],
 ) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
-    """The ceiling and every server at saturation, taking turns for `rounds` rounds."""
-    for srv in servers:
-        asyncio.run(closed_loop("127.0.0.1", srv.port, bodies, CONCURRENCY, times["warm"]))
+    """The ceiling and every row at saturation, taking turns for `rounds` rounds."""
+    for row in rows:
+        asyncio.run(closed_loop(row.connect, row.requests, CONCURRENCY, times["warm"]))
     ceilings: list[dict[str, Any]] = []
-    results: dict[str, list[Result]] = {srv.name: [] for srv in servers}
-    tokens = {srv.name: [0.0, 0.0] for srv in servers}
+    results: dict[str, list[Result]] = {row.name: [] for row in rows}
+    tokens = {row.name: [0.0, 0.0] for row in rows}
     for r in range(rounds):
         ceilings.append(ceiling_run())
-        for srv in rotated(servers, r):
-            before = srv.tokens()
+        for row in rotated(rows, r):
+            before = row.server.tokens()
             result = asyncio.run(
-                closed_loop("127.0.0.1", srv.port, bodies, CONCURRENCY, times["saturation"])
+                closed_loop(row.connect, row.requests, CONCURRENCY, times["saturation"])
             )
-            after = srv.tokens()
-            results[srv.name].append(result)
-            tokens[srv.name][0] += after[0] - before[0]
-            tokens[srv.name][1] += after[1] - before[1]
+            after = row.server.tokens()
+            results[row.name].append(result)
+            tokens[row.name][0] += after[0] - before[0]
+            tokens[row.name][1] += after[1] - before[1]
         print(
             f"  round {r + 1}/{rounds}: ceiling {ceilings[-1]['seq_per_s']:.1f} "
             f"({ceilings[-1]['layout']}), "
@@ -333,14 +344,14 @@ def saturation_rounds(
             for name in ceilings[0]["layouts"]
         },
     }
-    rows = {}
-    for srv in servers:
-        runs = results[srv.name]
-        computed, padded = tokens[srv.name]
+    measured = {}
+    for row in rows:
+        runs = results[row.name]
+        computed, padded = tokens[row.name]
         middle = sorted(runs, key=lambda x: x.throughput)[len(runs) // 2]
-        rows[srv.name] = {
-            "name": srv.name,
-            "flags": srv.flags,
+        measured[row.name] = {
+            "name": row.name,
+            "flags": row.server.flags,
             "seq_per_s": float(np.median([x.throughput for x in runs])),
             "seq_per_s_spread": spread([x.throughput for x in runs]),
             "saturation_p50_ms": middle.percentile_ms(50),
@@ -349,7 +360,7 @@ def saturation_rounds(
             "client_cores_at_saturation": max(x.client_cores for x in runs),
             "padding_waste": padded / computed if computed else None,
         }
-    return ceiling_row, rows
+    return ceiling_row, measured
 
 
 def latency_row(result: Result, rate: float, label: str) -> dict[str, Any]:
@@ -366,30 +377,23 @@ def latency_row(result: Result, rate: float, label: str) -> dict[str, Any]:
 
 
 def load_turns(
-    servers: list[Server],
-    bodies: list[bytes],
-    labelled: list[tuple[float, str]],
-    times: dict[str, float],
+    rows: list[Row], labelled: list[tuple[float, str]], times: dict[str, float]
 ) -> dict[str, list[dict[str, Any]]]:
-    """Latency at each offered load, every server taking its turn at each load."""
-    loads: dict[str, list[dict[str, Any]]] = {srv.name: [] for srv in servers}
+    """Latency at each offered load, every row taking its turn at each load."""
+    loads: dict[str, list[dict[str, Any]]] = {row.name: [] for row in rows}
     for i, (rate, label) in enumerate(labelled):
-        for srv in rotated(servers, i):
-            result = asyncio.run(open_loop("127.0.0.1", srv.port, bodies, rate, times["load"]))
-            loads[srv.name].append(latency_row(result, rate, label))
+        for row in rotated(rows, i):
+            result = asyncio.run(open_loop(row.connect, row.requests, rate, times["load"]))
+            loads[row.name].append(latency_row(result, rate, label))
     return loads
 
 
-def lone_turns(
-    servers: list[Server], bodies: list[bytes], rounds: int, seconds: float
-) -> dict[str, dict[str, Any]]:
-    """Lone requests: one client sending one request at a time, every server taking turns."""
-    lone: dict[str, list[Result]] = {srv.name: [] for srv in servers}
+def lone_turns(rows: list[Row], rounds: int, seconds: float) -> dict[str, dict[str, Any]]:
+    """Lone requests: one client sending one request at a time, every row taking turns."""
+    lone: dict[str, list[Result]] = {row.name: [] for row in rows}
     for r in range(rounds):
-        for srv in rotated(servers, r):
-            lone[srv.name].append(
-                asyncio.run(closed_loop("127.0.0.1", srv.port, bodies, 1, seconds))
-            )
+        for row in rotated(rows, r):
+            lone[row.name].append(asyncio.run(closed_loop(row.connect, row.requests, 1, seconds)))
     merged = {}
     for name, results in lone.items():
         together = Result(latencies=[x for r in results for x in r.latencies])
@@ -576,9 +580,10 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     print(f"model {model}, {payload}: starting one server per configuration", file=sys.stderr)
     with servers(args.models, model, configs(spec), args.out) as running:
+        table = [Row(srv.name, srv, http("127.0.0.1", srv.port), work.bodies) for srv in running]
         print(f"{rounds} rounds at saturation, taking turns", file=sys.stderr)
         ceiling_row, saturated = saturation_rounds(
-            running, lambda: engine.measure(times["ceiling"]), work.bodies, rounds, times
+            table, lambda: engine.measure(times["ceiling"]), rounds, times
         )
         top, naive = saturated["bucketing"]["seq_per_s"], saturated[NAIVE]["seq_per_s"]
         labelled = [
@@ -588,16 +593,16 @@ def main(argv: list[str] | None = None) -> int:
             (0.5 * naive, "50% of naive"),
         ]
         print("latency at the offered loads, taking turns", file=sys.stderr)
-        loads = load_turns(running, work.bodies, labelled, times)
+        loads = load_turns(table, labelled, times)
         print("lone requests, taking turns", file=sys.stderr)
-        lone = lone_turns(running, work.bodies, rounds, times["lone"])
+        lone = lone_turns(table, rounds, times["lone"])
         rows = []
-        for srv in running:
-            row = saturated[srv.name]
+        for entry in table:
+            row = saturated[entry.name]
             row["tok_per_s"] = row["seq_per_s"] * real_tokens
-            row["peak_pss_mib"] = srv.peak_pss / 2**20
-            row["loads"] = loads[srv.name]
-            row["lone"] = lone[srv.name]
+            row["peak_pss_mib"] = entry.server.peak_pss / 2**20
+            row["loads"] = loads[entry.name]
+            row["lone"] = lone[entry.name]
             rows.append(row)
     report: dict[str, Any] = {
         "model": model,

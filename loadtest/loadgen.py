@@ -1,9 +1,10 @@
-"""A small asyncio HTTP/1.1 load generator for the benchmark.
+"""A small asyncio load generator for the benchmark: closed and open loops over connections
+that send requests encoded ahead of time (HTTP/1.1 keep-alive here; gRPC in `grpc_loadgen`).
 
-Keep-alive connections and request bytes encoded ahead of time, so that the client spends as
-little CPU as possible on a machine whose cores the server needs. Its own CPU time is measured
-and reported with every result. Latency in open-loop runs counts from each request's scheduled
-arrival, so a client that falls behind shows up as latency, not as a lower offered load.
+Requests are bytes made before the run, so that the client spends as little CPU as possible on
+a machine whose cores the server needs. Its own CPU time is measured and reported with every
+result. Latency in open-loop runs counts from each request's scheduled arrival, so a client
+that falls behind shows up as latency, not as a lower offered load.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ import asyncio
 import random
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
@@ -44,50 +47,65 @@ class Result:
         return self.client_cpu_s / self.wall_s if self.wall_s else 0.0
 
 
-class Connection:
+class Connection(Protocol):
+    async def send(self, raw: bytes) -> str | None:
+        """One request, its whole answer read: None when it succeeded, else what it got
+        instead (an HTTP status, a gRPC code)."""
+
+    def close(self) -> None: ...
+
+
+Connect = Callable[[], Awaitable[Connection]]
+
+
+class HttpConnection:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader, self.writer = reader, writer
 
-    @classmethod
-    async def open(cls, host: str, port: int) -> Connection:
-        return cls(*await asyncio.open_connection(host, port))
-
-    async def send(self, raw: bytes) -> int:
-        """One request, its whole response read; returns the status code."""
+    async def send(self, raw: bytes) -> str | None:
         self.writer.write(raw)
         head = await self.reader.readuntil(b"\r\n\r\n")
         lines = head.decode("latin-1").split("\r\n")
-        status = int(lines[0].split(" ", 2)[1])
+        status = lines[0].split(" ", 2)[1]
         length = next(
             int(line.split(":", 1)[1])
             for line in lines
             if line.lower().startswith("content-length:")
         )
         await self.reader.readexactly(length)
-        return status
+        return None if status == "200" else status
 
     def close(self) -> None:
         self.writer.close()
 
 
+def http(host: str, port: int) -> Connect:
+    """Opens keep-alive HTTP/1.1 connections to host:port (requests from `encode_post`)."""
+
+    async def connect() -> Connection:
+        return HttpConnection(*await asyncio.open_connection(host, port))
+
+    return connect
+
+
 async def closed_loop(
-    host: str, port: int, requests: list[bytes], concurrency: int, duration_s: float
+    connect: Connect, requests: list[bytes], concurrency: int, duration_s: float
 ) -> Result:
     """`concurrency` clients, each sending its next request as soon as the last is answered."""
     result = Result()
     stop_at = time.perf_counter() + duration_s
 
     async def client(offset: int) -> None:
-        conn = await Connection.open(host, port)
+        conn = await connect()
         i = offset
         try:
             while time.perf_counter() < stop_at:
                 start = time.perf_counter()
-                status = await conn.send(requests[i % len(requests)])
-                if status == 200:
+                failure = await conn.send(requests[i % len(requests)])
+                if failure is None:
                     result.latencies.append(time.perf_counter() - start)
                 else:
-                    result.errors[str(status)] += 1
+                    result.errors[failure] += 1
                 i += concurrency
         finally:
             conn.close()
@@ -100,8 +118,7 @@ async def closed_loop(
 
 
 async def open_loop(
-    host: str,
-    port: int,
+    connect: Connect,
     requests: list[bytes],
     rate: float,
     duration_s: float,
@@ -122,29 +139,29 @@ async def open_loop(
             conn = idle.pop()
         elif opened < max_connections:
             opened += 1
-            conn = await Connection.open(host, port)
+            conn = await connect()
         else:
             result.errors["client: out of connections"] += 1
             return
         try:
             try:
-                status = await conn.send(raw)
+                failure = await conn.send(raw)
             except (ConnectionError, asyncio.IncompleteReadError):
                 if not reused:
                     raise
                 # The server closed this idle keep-alive connection (its keep-alive timeout)
                 # before the request reached it: what any HTTP client does, reconnect and resend.
                 conn.close()
-                conn = await Connection.open(host, port)
-                status = await conn.send(raw)
+                conn = await connect()
+                failure = await conn.send(raw)
         except (ConnectionError, asyncio.IncompleteReadError) as exc:
             result.errors[f"client: {type(exc).__name__}"] += 1
             conn.close()
             return
-        if status == 200:
+        if failure is None:
             result.latencies.append(time.perf_counter() - scheduled)
         else:
-            result.errors[str(status)] += 1
+            result.errors[failure] += 1
         idle.append(conn)
 
     cpu, start = time.process_time(), time.perf_counter()

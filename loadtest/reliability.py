@@ -34,7 +34,7 @@ import numpy as np
 import orjson
 
 from loadtest.lengths import LengthDistribution
-from loadtest.loadgen import closed_loop, encode_post
+from loadtest.loadgen import closed_loop, encode_post, http
 from loadtest.payloads import texts
 from loadtest.process import ROOT, running_server
 
@@ -76,8 +76,8 @@ def overload(model: str, scratch: Path, requests: list[bytes], seconds: float) -
     root = repository(model, scratch, "overload", queue_capacity=32)
     with running_server(root, log_path=root.parent / "server.log") as (_, url):
         port = int(url.rsplit(":", 1)[1])
-        alone = asyncio.run(closed_loop("127.0.0.1", port, requests, 1, seconds / 2))
-        loaded = asyncio.run(closed_loop("127.0.0.1", port, requests, 128, seconds))
+        alone = asyncio.run(closed_loop(http("127.0.0.1", port), requests, 1, seconds / 2))
+        loaded = asyncio.run(closed_loop(http("127.0.0.1", port), requests, 128, seconds))
     statuses = Counter({"200": len(loaded.latencies), **loaded.errors})
     return {
         "clients": 128,
@@ -114,7 +114,7 @@ def slow_clients(
 
             holders = [asyncio.gather(*(hold(s) for _ in range(count))) for s in kinds.values()]
             good = asyncio.create_task(
-                closed_loop(host, int(port), bodies(model, 200), 1, 0.8 * sum(timeouts))
+                closed_loop(http(host, int(port)), bodies(model, 200), 1, 0.8 * sum(timeouts))
             )
             closed = await asyncio.gather(*holders)
             result = await good
@@ -136,7 +136,9 @@ def soak(model: str, scratch: Path, requests: list[bytes], minutes: float) -> di
     root = repository(model, scratch, "soak")
     with running_server(root, log_path=root.parent / "server.log") as (process, url):
         port = int(url.rsplit(":", 1)[1])
-        asyncio.run(closed_loop("127.0.0.1", port, requests, 16, min(10, 60 * minutes)))  # warm
+        asyncio.run(
+            closed_loop(http("127.0.0.1", port), requests, 16, min(10, 60 * minutes))
+        )  # warm
 
         async def run() -> tuple[Any, list[float]]:
             samples = [pss_mib(process.pid)]
@@ -147,7 +149,7 @@ def soak(model: str, scratch: Path, requests: list[bytes], minutes: float) -> di
                     samples.append(pss_mib(process.pid))
 
             sampler = asyncio.create_task(sample())
-            result = await closed_loop("127.0.0.1", port, requests, 16, 60 * minutes)
+            result = await closed_loop(http("127.0.0.1", port), requests, 16, 60 * minutes)
             sampler.cancel()
             samples.append(pss_mib(process.pid))
             return result, samples
