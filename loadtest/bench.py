@@ -9,7 +9,10 @@ On one workload and one model (`minilm` when built, else `tiny-encoder`), it mea
 - the server (a real `bucketserve serve` process) in bucketing mode with the model's own
   config, with power-of-two edges, in mutable mode, with batching off, with one bucket, and
   in bucketing mode with one instance (one batch at a time, every core on it);
-- a naive reference server (`loadtest.naive`: FastAPI, one ONNX Runtime run per request).
+- a naive reference server (`loadtest.naive`: FastAPI, one ONNX Runtime run per request);
+- KServe v2 over gRPC: a bucketing server with its gRPC port open, reached over gRPC (raw
+  token-id tensors, one sequence a request) and over HTTP with the same token ids, so that
+  what the protocol costs is a ratio between two rows of one process.
 
 The payload is what clients of the model send: text for a model with a tokenizer (each server
 tokenises; lengths drawn from a long-tailed, natural-text-like distribution), token ids
@@ -47,10 +50,11 @@ import onnxruntime as ort
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
+from loadtest.grpc_loadgen import grpc_infer, infer_request
 from loadtest.lengths import LengthDistribution
 from loadtest.loadgen import Connect, Result, closed_loop, encode_post, http, open_loop
 from loadtest.payloads import natural_texts
-from loadtest.process import ROOT, running_process, running_server
+from loadtest.process import ROOT, free_port, running_process, running_server
 from serve.bucketing import BucketPlan
 from serve.loading import ModelSpec, load_model_spec
 from serve.loading.builder import load_tokenizer
@@ -61,6 +65,9 @@ from serve.runtime.sessions import usable_cores
 CONCURRENCY = 16
 TARGETS = {"ceiling_ratio": 0.92, "speedup_vs_naive": 1.35, "padding_waste": 0.05}
 NAIVE = "naive (one run per request)"
+BESIDE_GRPC = "bucketing, gRPC port open"  # the server process of the two rows below
+OVER_GRPC = "bucketing over gRPC (token ids)"
+OVER_HTTP = "bucketing over HTTP (token ids, same process)"
 
 
 @dataclass(frozen=True)
@@ -75,22 +82,41 @@ def workload(spec: ModelSpec, count: int, payload: str, seed: int = 0) -> Worklo
     rng = np.random.default_rng(seed)
     lengths = LengthDistribution.parse("natural", spec.config.batching.longest).sample(rng, count)
     wanted = requested_outputs(spec)
-    items: list[Any]
     if payload == "text":
         if spec.tokenizer_path is None or spec.config.tokenizer is None:
             raise SystemExit(f"model {spec.name} has no tokenizer: use --payload tokens")
-        items = natural_texts(str(spec.tokenizer_path), [int(n) for n in lengths], seed)
+        texts = natural_texts(str(spec.tokenizer_path), [int(n) for n in lengths], seed)
         tokenizer = load_tokenizer(spec.tokenizer_path, spec.config.tokenizer.max_length)
-        sequences = [np.asarray(e.ids, np.int64) for e in tokenizer.encode_batch(items)]
+        sequences = [np.asarray(e.ids, np.int64) for e in tokenizer.encode_batch(texts)]
+        bodies = [predict_body({"text": [text], "outputs": wanted}) for text in texts]
     else:
         vocab = spec.config.inputs[spec.config.sequence_input].vocab_size or 1000
         sequences = [rng.integers(min(1000, vocab // 2), vocab, n) for n in lengths]
-        items = [s.tolist() for s in sequences]
-    field = "text" if payload == "text" else "sequences"
-    bodies = [
-        encode_post("/predict", orjson.dumps({field: [item], "outputs": wanted})) for item in items
-    ]
+        bodies = token_ids_over_http(sequences, wanted)
     return Workload(payload, sequences, bodies)
+
+
+def predict_body(body: dict[str, Any]) -> bytes:
+    return encode_post("/predict", orjson.dumps(body))
+
+
+def token_ids_over_http(sequences: list[np.ndarray], outputs: list[str]) -> list[bytes]:
+    """`/predict` requests of one sequence each, as token ids."""
+    return [predict_body({"sequences": [s.tolist()], "outputs": outputs}) for s in sequences]
+
+
+def token_ids_over_grpc(spec: ModelSpec, sequences: list[np.ndarray]) -> list[bytes]:
+    """v2 `ModelInfer` requests of one sequence each: the sequence input alone, raw, one row
+    (whose length is T, so no mask is needed), in the model's own axes and dtype."""
+    tensor = layout_of(spec).sequence.tensor
+    return [
+        infer_request(
+            spec.name,
+            {tensor.name: tensor.to_model_axes(s[None].astype(tensor.dtype))},
+            requested_outputs(spec),
+        )
+        for s in sequences
+    ]
 
 
 def requested_outputs(spec: ModelSpec) -> list[str]:
@@ -288,6 +314,22 @@ class Row:
     requests: list[bytes]
 
 
+def rows_of(running: list[Server], spec: ModelSpec, work: Workload, grpc_port: int) -> list[Row]:
+    """Every server over HTTP with the workload's requests, but the one with its gRPC port
+    open: that one over gRPC and over HTTP, both with the workload's token ids (v2 carries no
+    text), so the two rows differ by the protocol alone."""
+    rows = []
+    for srv in running:
+        if srv.name != BESIDE_GRPC:
+            rows.append(Row(srv.name, srv, http("127.0.0.1", srv.port), work.bodies))
+            continue
+        over_grpc = token_ids_over_grpc(spec, work.sequences)
+        over_http = token_ids_over_http(work.sequences, requested_outputs(spec))
+        rows.append(Row(OVER_GRPC, srv, grpc_infer(f"127.0.0.1:{grpc_port}"), over_grpc))
+        rows.append(Row(OVER_HTTP, srv, http("127.0.0.1", srv.port), over_http))
+    return rows
+
+
 def rotated(items: list[Any], by: int) -> list[Any]:
     """`items` starting at position `by`: each round, a different one goes first."""
     by %= len(items)
@@ -461,6 +503,30 @@ def targets(report: dict[str, Any]) -> list[str]:
     ]
 
 
+def grpc_against_http(report: dict[str, Any]) -> dict[str, Any]:
+    """What the protocol costs: the gRPC row against the HTTP row of the same process."""
+    rows = {r["name"]: r for r in report["servers"]}
+    over_grpc, over_http = rows[OVER_GRPC], rows[OVER_HTTP]
+
+    def p99_at_half(row: dict[str, Any]) -> float | None:
+        p99: float | None = next(
+            x["p99_ms"] for x in row["loads"] if x["label"] == "50% of bucketing"
+        )
+        return p99
+
+    return {
+        "seq_per_s_ratio": over_grpc["seq_per_s"] / over_http["seq_per_s"],
+        "seq_per_s": [over_grpc["seq_per_s"], over_http["seq_per_s"]],
+        "lone_p50_ms": [over_grpc["lone"]["p50_ms"], over_http["lone"]["p50_ms"]],
+        "p99_at_half_ms": [p99_at_half(over_grpc), p99_at_half(over_http)],
+        # (both clients run on the server's machine: a costlier client leaves it less CPU)
+        "client_cores": [
+            over_grpc["client_cores_at_saturation"],
+            over_http["client_cores_at_saturation"],
+        ],
+    }
+
+
 def per_s(row: dict[str, Any]) -> str:
     """The median over the rounds and its spread."""
     spread = row["seq_per_s_spread"]
@@ -468,7 +534,7 @@ def per_s(row: dict[str, Any]) -> str:
 
 
 def markdown(report: dict[str, Any]) -> str:
-    ceiling = report["ceiling"]
+    ceiling, protocols = report["ceiling"], report["grpc_against_http"]
     loads = report["servers"][0]["loads"]
     out = [
         f"Model `{report['model']}`, {report['requests']} distinct requests of one "
@@ -513,6 +579,14 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         *[f"- {t}" for t in report["targets"]],
         f"- load generator CPU at saturation: {report['client_cores']:.2f} cores",
+        "- gRPC against HTTP, one process, the same token ids (gRPC, HTTP): "
+        f"{protocols['seq_per_s_ratio']:.2f}x the throughput at saturation "
+        f"({protocols['seq_per_s'][0]:.1f}, {protocols['seq_per_s'][1]:.1f} seq/s); "
+        f"lone request p50 {protocols['lone_p50_ms'][0]:.1f}, {protocols['lone_p50_ms'][1]:.1f}"
+        " ms; p99 at 50% of bucketing's saturation "
+        f"{ms(protocols['p99_at_half_ms'][0])}, {ms(protocols['p99_at_half_ms'][1])} ms; "
+        f"the load generator's own CPU at saturation {protocols['client_cores'][0]:.2f}, "
+        f"{protocols['client_cores'][1]:.2f} cores",
     ]
     return "\n".join(out) + "\n"
 
@@ -579,8 +653,10 @@ def main(argv: list[str] | None = None) -> int:
     engine = Ceiling(spec, work.sequences, usable_cores())
     args.out.mkdir(parents=True, exist_ok=True)
     print(f"model {model}, {payload}: starting one server per configuration", file=sys.stderr)
-    with servers(args.models, model, configs(spec), args.out) as running:
-        table = [Row(srv.name, srv, http("127.0.0.1", srv.port), work.bodies) for srv in running]
+    grpc_port = free_port()
+    started = {**configs(spec), BESIDE_GRPC: ["--grpc-port", str(grpc_port)]}
+    with servers(args.models, model, started, args.out) as running:
+        table = rows_of(running, spec, work, grpc_port)
         print(f"{rounds} rounds at saturation, taking turns", file=sys.stderr)
         ceiling_row, saturated = saturation_rounds(
             table, lambda: engine.measure(times["ceiling"]), rounds, times
@@ -622,6 +698,7 @@ def main(argv: list[str] | None = None) -> int:
         "client_cores": max(r["client_cores_at_saturation"] for r in rows),
     }
     report["targets"] = targets(report)
+    report["grpc_against_http"] = grpc_against_http(report)
     (args.out / "bench.json").write_text(json.dumps(report, indent=2))
     (args.out / "bench.md").write_text(markdown(report))
     plot(report, args.out / "bench.png")

@@ -52,7 +52,7 @@ class Connection(Protocol):
         """One request, its whole answer read: None when it succeeded, else what it got
         instead (an HTTP status, a gRPC code)."""
 
-    def close(self) -> None: ...
+    async def close(self) -> None: ...
 
 
 Connect = Callable[[], Awaitable[Connection]]
@@ -75,7 +75,7 @@ class HttpConnection:
         await self.reader.readexactly(length)
         return None if status == "200" else status
 
-    def close(self) -> None:
+    async def close(self) -> None:
         self.writer.close()
 
 
@@ -108,7 +108,7 @@ async def closed_loop(
                     result.errors[failure] += 1
                 i += concurrency
         finally:
-            conn.close()
+            await conn.close()
 
     cpu, wall = time.process_time(), time.perf_counter()
     await asyncio.gather(*(client(k) for k in range(concurrency)))
@@ -151,12 +151,12 @@ async def open_loop(
                     raise
                 # The server closed this idle keep-alive connection (its keep-alive timeout)
                 # before the request reached it: what any HTTP client does, reconnect and resend.
-                conn.close()
+                await conn.close()
                 conn = await connect()
                 failure = await conn.send(raw)
         except (ConnectionError, asyncio.IncompleteReadError) as exc:
             result.errors[f"client: {type(exc).__name__}"] += 1
-            conn.close()
+            await conn.close()
             return
         if failure is None:
             result.latencies.append(time.perf_counter() - scheduled)
@@ -179,5 +179,5 @@ async def open_loop(
     result.wall_s = time.perf_counter() - start
     result.client_cpu_s = time.process_time() - cpu
     for conn in idle:
-        conn.close()
+        await conn.close()
     return result

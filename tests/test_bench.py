@@ -11,7 +11,7 @@ import numpy as np
 import orjson
 import pytest
 
-from loadtest.bench import thread_layouts, workload
+from loadtest.bench import thread_layouts, token_ids_over_grpc, workload
 from loadtest.lengths import LengthDistribution
 from serve.loading import ModelSpec
 from tests.helpers import ROOT
@@ -47,6 +47,8 @@ def test_bench_smoke(tmp_path: Path) -> None:
         "batching off",
         "one bucket",
         "bucketing, one instance",
+        "bucketing over gRPC (token ids)",
+        "bucketing over HTTP (token ids, same process)",
         "naive (one run per request)",
     ]
     assert report["payload"] == "tokens"  # tiny-encoder has no tokenizer
@@ -71,9 +73,38 @@ def test_bench_smoke(tmp_path: Path) -> None:
     assert all(0 <= rows[name]["padding_waste"] < 1 for name in names[:-1])
     assert rows["batching off"]["padding_waste"] == 0  # one sequence per batch, at its length
     assert len(report["targets"]) == 5
+    # the gRPC row: every call answered, from the same process as its HTTP twin
+    over_grpc, over_http = rows[names[6]], rows[names[7]]
+    assert over_grpc["saturation_errors"] == {}
+    assert all(load["errors"] == {} for load in over_grpc["loads"])
+    assert over_grpc["flags"] == over_http["flags"]
+    assert over_grpc["peak_pss_mib"] == over_http["peak_pss_mib"]
+    protocols = report["grpc_against_http"]
+    assert protocols["seq_per_s_ratio"] == over_grpc["seq_per_s"] / over_http["seq_per_s"]
     table = (out / "bench.md").read_text()
     assert "| engine ceiling" in table
+    assert "- gRPC against HTTP" in table
     assert (out / "bench.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_grpc_requests_are_what_tritons_client_sends(minilm_spec: ModelSpec) -> None:
+    """The gRPC rows' requests parse as Triton's own `ModelInferRequest`: the model, one raw
+    INT64 row per sequence holding its token ids, and the pooled output asked for."""
+    service_pb2 = pytest.importorskip("tritonclient.grpc.service_pb2")
+    work = workload(minilm_spec, 20, "text", seed=5)
+    for raw, ids in zip(
+        token_ids_over_grpc(minilm_spec, work.sequences), work.sequences, strict=True
+    ):
+        request = service_pb2.ModelInferRequest.FromString(raw)
+        assert request.model_name == "minilm"
+        [tensor] = request.inputs
+        assert (tensor.name, tensor.datatype, list(tensor.shape)) == (
+            "input_ids",
+            "INT64",
+            [1, len(ids)],
+        )
+        np.testing.assert_array_equal(np.frombuffer(request.raw_input_contents[0], np.int64), ids)
+        assert [o.name for o in request.outputs] == ["sentence_embedding"]
 
 
 def test_text_workload_tokenises_to_the_drawn_lengths(minilm_spec: ModelSpec) -> None:
