@@ -1,7 +1,7 @@
 # bucketserve image.
 #   docker build -t bucketserve .                                  # CPU
 #   docker build --build-arg VARIANT=gpu -t bucketserve:gpu .      # CUDA (run with --gpus all)
-#   docker run -p 8000:8000 bucketserve                            # serves minilm
+#   docker run -p 8000:8000 -p 8001:8001 bucketserve               # minilm: HTTP, gRPC
 # The build and install steps live in deploy/image/*.sh, which deploy/image/smoke.py also runs
 # in fresh virtual environments, so what this file does is tested without a Docker engine.
 ARG VARIANT=cpu
@@ -59,8 +59,9 @@ ENV BUCKETSERVE_MODELS=/app/models \
     BUCKETSERVE_DEFAULT_MODEL=minilm \
     BUCKETSERVE_HOST=0.0.0.0 \
     BUCKETSERVE_PORT=8000 \
+    BUCKETSERVE_GRPC_PORT=8001 \
     BUCKETSERVE_LOG_JSON=true
-EXPOSE 8000
+EXPOSE 8000 8001
 # Ready means loaded, warm and not draining; the probe is the CLI, so the image needs no curl.
 HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \
     CMD ["bucketserve", "probe", "ready"]

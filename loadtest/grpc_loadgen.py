@@ -1,6 +1,7 @@
 """gRPC connections for `loadgen`'s loops: KServe v2 `ModelInfer` calls whose requests are
-serialised before the run and whose answers are read but not parsed, as cheap as the HTTP
-client beside it. Each connection is a channel with a subchannel pool of its own, so N clients
+serialised before the run and whose answers are read but not parsed, the least a gRPC client
+can do (grpc.aio still spends about twice the HTTP client's CPU a call; the bench reports
+both). Each connection is a channel with a subchannel pool of its own, so N clients
 hold N TCP connections, as N separate `tritonclient.grpc` processes would (channels in one
 process otherwise share one).
 """

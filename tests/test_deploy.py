@@ -69,8 +69,8 @@ def test_dockerfile_agrees_with_the_project() -> None:
     assert health[0] == command[0]
     assert parser().parse_args(health[1:]).what == "ready"
     assert PROBE_PATHS["ready"] in _routes()
-    # Port: EXPOSE is where the server listens, on every interface.
-    assert server.last("EXPOSE") == env["BUCKETSERVE_PORT"]
+    # Ports: EXPOSE is where the server listens (HTTP, then gRPC), on every interface.
+    assert server.last("EXPOSE") == f"{env['BUCKETSERVE_PORT']} {env['BUCKETSERVE_GRPC_PORT']}"
     assert env["BUCKETSERVE_HOST"] == "0.0.0.0"
     # Every BUCKETSERVE_* variable is a real setting, and their values parse.
     bucketserve_env = {k: v for k, v in env.items() if k.startswith("BUCKETSERVE_")}
@@ -129,7 +129,7 @@ def test_image_steps_serve_minilm_from_fresh_environments(tmp_path: Path) -> Non
     )
     assert smoke.returncode == 0, smoke.stdout[-3000:] + smoke.stderr[-5000:]
     assert "CPU-only onnxruntime" in smoke.stderr  # the CPU image does not carry CUDA kernels
-    assert "served minilm from the image's steps" in smoke.stderr
+    assert "served minilm from the image's steps (HTTP, gRPC)" in smoke.stderr
 
 
 def test_probe_command_reports_health(tmp_models: Path) -> None:
@@ -174,6 +174,7 @@ def test_kubernetes_manifests_agree_with_the_server() -> None:
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     env = env_of(read_dockerfile(), "server")
     assert ports["http"] == int(env["BUCKETSERVE_PORT"])
+    assert ports["grpc"] == int(env["BUCKETSERVE_GRPC_PORT"])
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         get = container[probe]["httpGet"]
         assert get["path"] in routes, probe
@@ -181,7 +182,10 @@ def test_kubernetes_manifests_agree_with_the_server() -> None:
         assert get["port"] in ports
     assert container["readinessProbe"]["httpGet"]["path"] == PROBE_PATHS["ready"]
     assert container["livenessProbe"]["httpGet"]["path"] == PROBE_PATHS["live"]
-    assert service["spec"]["ports"][0]["targetPort"] in ports
+    assert {p["name"]: p["targetPort"] for p in service["spec"]["ports"]} == {
+        "http": "http",
+        "grpc": "grpc",
+    }
     assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
     # The ConfigMap holds real settings; the grace period covers preStop plus the drain.
     assert set(config) <= SETTINGS_ENV

@@ -8,10 +8,10 @@ Reads the Dockerfile and does what an image build and `docker run` would do, on 
    dependencies only, with the CPU-only onnxruntime), each in a fresh virtual environment,
    with the stages' ENV;
 3. starts the server stage's CMD with its ENV (WORKDIR /app is the scratch folder), waits on
-   its HEALTHCHECK command, sends real requests, then stops it with the STOPSIGNAL and expects
-   a clean exit.
+   its HEALTHCHECK command, sends real requests over HTTP and gRPC, then stops it with the
+   STOPSIGNAL and expects a clean exit.
 
-Two things differ from a real build, on purpose: the server listens on 127.0.0.1 on a free port
+Two things differ from a real build, on purpose: the server listens on 127.0.0.1 on free ports
 (never 0.0.0.0 on a shared machine), and TORCH_INDEX is left unset, since this machine's own
 package index already serves CPU torch.
 """
@@ -150,19 +150,35 @@ def check_runtime_venv(venv: Path) -> None:
     for unwanted in ("onnxruntime-gpu", "torch", "transformers"):
         if unwanted in names:
             raise RuntimeError(f"the runtime environment holds {unwanted}")
+    if "grpcio" not in names:
+        raise RuntimeError("the runtime environment lacks the grpc extra")
     if "onnxruntime" not in names or any(p.startswith(("CUDA", "Tensorrt")) for p in providers):
         raise RuntimeError(f"expected the CPU-only onnxruntime, found providers {providers}")
     size = sum(f.stat().st_size for f in venv.rglob("*") if f.is_file() and not f.is_symlink())
     print(f"runtime environment: {size / 2**20:.0f} MiB, CPU-only onnxruntime", file=sys.stderr)
 
 
-def serve_and_check(stages: dict[str, Stage], context: Path, port: int) -> None:
+def grpc_model_ready(address: str, model: str) -> bool:
+    """KServe v2 `ModelReady` over gRPC, the messages encoded by hand (field 1: the name; the
+    answer's field 1: ready), so that this check shares no code with the server."""
+    import grpc
+
+    name = model.encode()
+    assert len(name) < 128  # its length fits the one byte written below
+    with grpc.insecure_channel(address) as channel:
+        call = channel.unary_unary("/inference.GRPCInferenceService/ModelReady")
+        answer: bytes = call(b"\x0a" + bytes([len(name)]) + name, timeout=10)
+    return answer == b"\x08\x01"
+
+
+def serve_and_check(stages: dict[str, Stage], context: Path, port: int, grpc_port: int) -> None:
     server = stages["server"]
     env = {**os.environ, **env_of(stages, "server")}
     env = {k: v.replace(WORKDIR, str(context)) for k, v in env.items()}
     env["PATH"] = f"{context}/opt/venv/bin:{os.environ['PATH']}"
     env.pop("VIRTUAL_ENV", None)
     env["BUCKETSERVE_HOST"], env["BUCKETSERVE_PORT"] = "127.0.0.1", str(port)
+    env["BUCKETSERVE_GRPC_PORT"] = str(grpc_port)
     command, stop = exec_form(server.last("CMD") or "[]"), server.last("STOPSIGNAL") or "SIGTERM"
     health = healthcheck_command(server.last("HEALTHCHECK") or "")
     process = subprocess.Popen(command, cwd=context, env=env)
@@ -184,7 +200,8 @@ def serve_and_check(stages: dict[str, Stage], context: Path, port: int) -> None:
         assert [len(e) for e in embeddings] == [384, 384], "expected two 384-d embeddings"
         with urllib.request.urlopen(f"{base}/metrics", timeout=10) as response:
             assert b"bucketserve_requests_total" in response.read()
-        print(f"served {answer['model']} from the image's steps", file=sys.stderr)
+        assert grpc_model_ready(f"127.0.0.1:{grpc_port}", answer["model"]), "gRPC: not ready"
+        print(f"served {answer['model']} from the image's steps (HTTP, gRPC)", file=sys.stderr)
     finally:
         if process.poll() is None:
             process.send_signal(getattr(signal, stop))
@@ -207,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         copy_context(context)
         run_scripts(stages, context)
         check_runtime_venv(context / "opt" / "venv")
-        serve_and_check(stages, context, args.port or free_port())
+        serve_and_check(stages, context, args.port or free_port(), free_port())
     return 0
 
 
