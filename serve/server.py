@@ -33,9 +33,11 @@ log = logging.getLogger(__name__)
 
 class Companion(Protocol):
     """A listener beside HTTP on the same engine and loop (gRPC): started once the app is up,
-    stopped by the drain."""
+    drained after the engine (its clients told to leave, until the loop's time `until`)."""
 
     async def start(self) -> None: ...
+
+    async def drain(self, until: float) -> None: ...
 
     async def stop(self, grace_s: float | None) -> None: ...
 
@@ -95,9 +97,10 @@ class DrainingServer(uvicorn.Server):
         deadline = loop.time() + self.drain_timeout_s
         for server in self.servers:
             server.close()  # a new connect is refused, never accepted and then dropped
-        # gRPC takes no new call from now on; its calls in flight finish with the engine's.
-        stopping = [c.stop(self.drain_timeout_s) for c in self.companions]
-        await asyncio.gather(self.engine.drain(), *stopping)  # new work: 503; admitted: answered
+        # New work is refused (HTTP 503, gRPC UNAVAILABLE: the engine is draining) and what
+        # was admitted is answered; then gRPC, like HTTP below, waits for its clients to leave.
+        await self.engine.drain()
+        await asyncio.gather(*(c.drain(deadline) for c in self.companions))
         if self.server_state.connections:
             remaining = max(0.0, deadline - loop.time())
             try:  # idle keep-alive connections: their clients leave, or the timeout comes

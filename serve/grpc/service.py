@@ -115,6 +115,7 @@ class InferenceService:
         self.engine = engine
         self.metrics = metrics
         self.messages = MESSAGE_CLASSES
+        self.last_call = 0.0  # the loop's time when the latest call came
 
     def _ready(self) -> bool:
         return not self.engine.draining
@@ -196,6 +197,7 @@ class InferenceService:
         route = f"/{SERVICE}/{method}"
 
         async def call(request: Message, context: grpc.aio.ServicerContext) -> Message:
+            self.last_call = asyncio.get_running_loop().time()
             start, status = time.perf_counter(), 200
             try:
                 return await handler(request, context)
@@ -233,7 +235,7 @@ class InferenceService:
 
 
 class GrpcServer:
-    """The gRPC listener beside HTTP: started after the engine, stopped by the drain."""
+    """The gRPC listener beside HTTP: started after the engine, drained after it."""
 
     def __init__(self, engine: Engine, metrics: Metrics, settings: Settings) -> None:
         self.service = InferenceService(engine, metrics)
@@ -255,6 +257,16 @@ class GrpcServer:
         await server.start()
         self._server = server
         log.info("serving KServe v2 over gRPC on %s", self.address)
+
+    async def drain(self, until: float, quiet_s: float = 0.5) -> None:
+        """Once the engine has drained: new calls are still answered, UNAVAILABLE (the engine
+        refuses them), until the clients have gone quiet for `quiet_s` or the loop's time
+        reaches `until`; then it stops. (A call that reaches a stopping gRPC server is
+        cancelled, which tells its client less than UNAVAILABLE: retry elsewhere.)"""
+        loop = asyncio.get_running_loop()
+        while (wake := min(self.service.last_call + quiet_s, until)) > loop.time():
+            await asyncio.sleep(wake - loop.time())
+        await self.stop(1.0)
 
     async def stop(self, grace_s: float | None) -> None:
         """No new call from now on; calls in flight get `grace_s` to finish."""
