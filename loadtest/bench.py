@@ -7,8 +7,9 @@ On one workload and one model (`minilm` when built, else `tiny-encoder`), it mea
   (ORT threads per run x runs at once x batch size); the best of them is the ceiling, the
   physical limit of this machine;
 - the server (a real `bucketserve serve` process) in bucketing mode with the model's own
-  config, with power-of-two edges, in mutable mode, with batching off, with one bucket, and
-  in bucketing mode with one instance (one batch at a time, every core on it);
+  config, with power-of-two edges, in mutable mode, with batching off, with one bucket, in
+  bucketing mode with one instance (one batch at a time, every core on it), and without the
+  second session that gives a batch running alone every core;
 - a naive reference server (`loadtest.naive`: FastAPI, one ONNX Runtime run per request);
 - KServe v2 over gRPC: a bucketing server with its gRPC port open, reached over gRPC (raw
   token-id tensors, one sequence a request) and over HTTP with the same token ids, so that
@@ -457,6 +458,7 @@ def configs(spec: ModelSpec) -> dict[str, list[str]]:
         "batching off": ["--max-batch-size", "1"],
         "one bucket": ["--buckets", str(longest)],
         "bucketing, one instance": ["--instances", "1"],
+        "bucketing, no lone-batch threads": ["--lone-batch-threads", "1"],
     }
 
 

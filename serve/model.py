@@ -3,7 +3,8 @@
 Built ready by `serve.loading` (checked, bound, warm); the request path only reads it.
 `Model.predict(sequences)` is the Python API; the server's scheduler calls `run_batch` with
 batches it formed itself across requests. The model runs batches through a `Runner` (an ONNX
-Runtime executor, or a fake in tests) and never imports ONNX Runtime itself.
+Runtime executor, or a fake in tests) and never imports ONNX Runtime itself; a batch that runs
+alone may go to a second runner on every core (`lone`), checked at load to answer as the first.
 """
 
 from __future__ import annotations
@@ -114,13 +115,21 @@ class ModelInfo:
 
 class Model:
     def __init__(
-        self, info: ModelInfo, executor: Runner, tokenizer: Tokenizer | None = None
+        self,
+        info: ModelInfo,
+        executor: Runner,
+        tokenizer: Tokenizer | None = None,
+        lone: Runner | None = None,
     ) -> None:
+        """`lone`: the runner for a batch that runs alone (as the scheduler judges it), on
+        more threads than each of the batches that share the cores; its keys mirror the
+        executor's."""
         self.info = info
         self.name = info.name
         self.plan = info.plan
         self.executor = executor
         self.tokenizer = tokenizer
+        self.lone = lone
 
     @property
     def strategy(self) -> str:
@@ -128,9 +137,10 @@ class Model:
 
     def prepare(self, key: BucketKey) -> None:
         """Bind `key` ahead of its first batch (MXNet's `prepare`) and warm it with pad rows."""
-        if self.executor.prepare(key):
-            rows, length = self.executor.batch_shape(key, [1])
-            self.executor.run(key, self.info.layout.collate([], rows, length), rows, length)
+        for runner in (self.executor, self.lone):
+            if runner is not None and runner.prepare(key):
+                rows, length = runner.batch_shape(key, [1])
+                runner.run(key, self.info.layout.collate([], rows, length), rows, length)
 
     def validate(self, item: Any, index: int = 0) -> np.ndarray:
         return self.info.rules.validate(item, index)
@@ -143,16 +153,25 @@ class Model:
         encodings = self.tokenizer.encode_batch([t[:chars] for t in texts])
         return [np.asarray(e.ids, dtype=self.info.rules.dtype) for e in encodings]
 
+    @property
+    def lone_takes_every_core(self) -> bool:
+        """Whether a batch that runs alone runs on more threads than the others."""
+        return self.lone is not None
+
     def batch_shape(self, key: BucketKey, lengths: Sequence[int]) -> tuple[int, int]:
         """(rows, length) a batch with these lengths is computed at: its cost in tokens."""
         return self.executor.batch_shape(key, lengths)
 
-    def run_batch(self, key: BucketKey, sequences: Sequence[np.ndarray]) -> list[Outputs]:
-        """Collate -> run -> split for one batch of validated sequences that fit `key`."""
+    def run_batch(
+        self, key: BucketKey, sequences: Sequence[np.ndarray], alone: bool = False
+    ) -> list[Outputs]:
+        """Collate -> run -> split for one batch of validated sequences that fit `key`;
+        `alone`: no other batch runs or waits, so it may take every core."""
+        runner = self.lone if alone and self.lone is not None else self.executor
         lengths = [len(s) for s in sequences]
-        rows, length = self.executor.batch_shape(key, lengths)
+        rows, length = runner.batch_shape(key, lengths)
         layout = self.info.layout
-        outputs = self.executor.run(key, layout.collate(sequences, rows, length), rows, length)
+        outputs = runner.run(key, layout.collate(sequences, rows, length), rows, length)
         return layout.split(outputs, lengths)
 
     def predict(self, items: Sequence[Any]) -> list[Outputs]:

@@ -5,9 +5,14 @@ executor. Admission (draining, queue capacity, deadlines), the length-bucket que
 `infer` admits a request's sequences or refuses the whole request (503 when draining or full,
 504 when its deadline has passed), queues each sequence in its bucket and awaits their outputs
 until the deadline. `run` forms a batch whenever an instance is free (so batches keep gathering
-while all are busy) and runs it in a worker thread; a failing batch fails its own sequences
-only. `settled` is when no request is in flight, no sequence queued and no batch running. No
-ONNX Runtime here: the model is anything with `plan`, `batch_shape` and `run_batch`.
+while all are busy) and runs it in a worker thread, telling the model whether it runs alone:
+no other batch running, nothing left waiting, and no more sequences than there are instances
+(a batch that took more found them queued together: load, not a lone request). Where the
+model then takes every core, such a batch holds every instance, and batches formed meanwhile
+wait for it. A failing batch fails
+its own sequences only. `settled` is when no request is in flight, no sequence queued and no
+batch running. No ONNX Runtime here: the model is anything with `plan`, `batch_shape` and
+`run_batch`.
 """
 
 from __future__ import annotations
@@ -35,9 +40,15 @@ class BatchModel(Protocol):
     name: str
     plan: BucketPlan
 
+    @property
+    def lone_takes_every_core(self) -> bool:
+        """Whether a batch that runs alone runs on every core (then it holds every instance)."""
+
     def batch_shape(self, key: BucketKey, lengths: Sequence[int]) -> tuple[int, int]: ...
 
-    def run_batch(self, key: BucketKey, sequences: Sequence[np.ndarray]) -> list[Outputs]: ...
+    def run_batch(
+        self, key: BucketKey, sequences: Sequence[np.ndarray], alone: bool = False
+    ) -> list[Outputs]: ...
 
 
 class Observer(Protocol):
@@ -87,7 +98,9 @@ class Scheduler:
         self._arrived = asyncio.Event()
         self._settled = asyncio.Event()
         self._settled.set()
+        self._instances = instances
         self._free = asyncio.Semaphore(instances)
+        self._held: dict[asyncio.Task[None], int] = {}  # a running batch -> instances it holds
         self._running: set[asyncio.Task[None]] = set()
         self._worker = ThreadPoolExecutor(instances, thread_name_prefix=f"run-{model.name}")
 
@@ -181,8 +194,14 @@ class Scheduler:
                 except BaseException:
                     self._free.release()
                     raise
-                task = asyncio.create_task(self._execute(key, items))
+                alone = not self._running and not len(self.queues) and len(items) <= self._instances
+                wide = alone and self.model.lone_takes_every_core
+                if wide:  # the other instances, all free, wait for it: it has their cores
+                    for _ in range(self._instances - 1):
+                        await self._free.acquire()
+                task = asyncio.create_task(self._execute(key, items, alone))
                 self._running.add(task)
+                self._held[task] = self._instances if wide else 1
                 task.add_done_callback(self._finished)
         finally:
             for task in self._running:
@@ -190,8 +209,9 @@ class Scheduler:
             self._worker.shutdown(wait=False, cancel_futures=True)
 
     def _finished(self, task: asyncio.Task[None]) -> None:
-        """A batch is done: its instance is free again."""
-        self._free.release()
+        """A batch is done: its instances are free again."""
+        for _ in range(self._held.pop(task)):
+            self._free.release()
         self._running.discard(task)
         self._settle_if_idle()
 
@@ -216,14 +236,16 @@ class Scheduler:
             if items:
                 self._observer.dropped(self.model.name, reason, len(items))
 
-    async def _execute(self, key: BucketKey, items: list[Pending]) -> None:
+    async def _execute(self, key: BucketKey, items: list[Pending], alone: bool) -> None:
         sequences = [item.sequence for item in items]
         lengths = [len(s) for s in sequences]
         self._observer.queue_depth(self.model.name, self.depth)
         start = self._clock()
         loop = asyncio.get_running_loop()
         try:
-            outputs = await loop.run_in_executor(self._worker, self.model.run_batch, key, sequences)
+            outputs = await loop.run_in_executor(
+                self._worker, self.model.run_batch, key, sequences, alone
+            )
         except Exception as exc:  # a failing batch fails its own requests, nothing else
             for item in items:
                 if not item.future.done():

@@ -103,6 +103,14 @@ class Settings:
         default=None,
         metadata={"help": "ONNX Runtime threads for one batch (default: cores / instances)"},
     )
+    lone_batch_threads: int | None = field(
+        default=None,
+        metadata={
+            "help": "ONNX Runtime threads for a batch that runs alone (no other running or "
+            "waiting), on a second session with its own copy of the weights (default: every "
+            "core, where each batch runs on one thread; 1 turns it off)"
+        },
+    )
     cache_dir: Path | None = field(
         default=None,
         metadata={
@@ -143,7 +151,7 @@ class Settings:
         ):
             if getattr(self, name) <= 0 and not (name == "port" and self.port == 0):
                 raise ConfigError(f"{name}: must be positive, got {getattr(self, name)}")
-        for name in ("instances", "intra_op_threads"):
+        for name in ("instances", "intra_op_threads", "lone_batch_threads"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ConfigError(f"{name}: must be at least 1, got {getattr(self, name)}")
         if self.buckets is not None and not all(

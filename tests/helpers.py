@@ -22,7 +22,7 @@ from serve.app import create_app
 from serve.engine import Engine
 from serve.loading import ModelSpec, load_engine, load_model_spec
 from serve.loading.tensors import layout_of
-from serve.runtime.sessions import init_process, run_all
+from serve.runtime.sessions import own_pools_allowed, run_all
 from serve.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,9 +58,9 @@ class Reference:
     """A plain ONNX Runtime session: each sequence run alone, unpadded."""
 
     def __init__(self, spec: ModelSpec) -> None:
-        init_process()  # the process-wide pool the engine uses, if no engine made it yet
+        # the process-wide pool the engine uses, if it has one (with one thread a batch, none)
         options = ort.SessionOptions()
-        options.use_per_session_threads = False
+        options.use_per_session_threads = own_pools_allowed()
         self.session = ort.InferenceSession(
             str(spec.onnx_path), options, providers=["CPUExecutionProvider"]
         )
@@ -104,12 +104,12 @@ class BatchLog:
         self.gate.set()
         self.entered = threading.Event()
 
-    def __call__(self, key: Any, sequences: list[np.ndarray]) -> Any:
+    def __call__(self, key: Any, sequences: list[np.ndarray], alone: bool = False) -> Any:
         self.batches.append((key, [len(s) for s in sequences]))
         self.entered.set()
         if not self.gate.wait(timeout=30):
             raise TimeoutError("test gate never opened")
-        return self._run_batch(key, sequences)
+        return self._run_batch(key, sequences, alone)
 
     @property
     def sequences(self) -> int:

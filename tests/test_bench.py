@@ -47,6 +47,7 @@ def test_bench_smoke(tmp_path: Path) -> None:
         "batching off",
         "one bucket",
         "bucketing, one instance",
+        "bucketing, no lone-batch threads",
         "bucketing over gRPC (token ids)",
         "bucketing over HTTP (token ids, same process)",
         "naive (one run per request)",
@@ -74,7 +75,7 @@ def test_bench_smoke(tmp_path: Path) -> None:
     assert rows["batching off"]["padding_waste"] == 0  # one sequence per batch, at its length
     assert len(report["targets"]) == 5
     # the gRPC row: every call answered, from the same process as its HTTP twin
-    over_grpc, over_http = rows[names[6]], rows[names[7]]
+    over_grpc, over_http = rows[names[7]], rows[names[8]]
     assert over_grpc["saturation_errors"] == {}
     assert all(load["errors"] == {} for load in over_grpc["loads"])
     assert over_grpc["flags"] == over_http["flags"]

@@ -26,16 +26,21 @@ class FakeModel:
 
     name = "fake"
     plan = PLAN
+    lone_takes_every_core = False
 
     def __init__(self, fail_on: int | None = None) -> None:
         self.batches: list[tuple[BucketKey, list[int]]] = []
+        self.alone: list[bool] = []  # per batch: whether the scheduler said it runs alone
         self.fail_on = fail_on
 
     def batch_shape(self, key: BucketKey, lengths: Sequence[int]) -> tuple[int, int]:
         return len(lengths), key.length
 
-    def run_batch(self, key: BucketKey, sequences: Sequence[np.ndarray]) -> list[Outputs]:
+    def run_batch(
+        self, key: BucketKey, sequences: Sequence[np.ndarray], alone: bool = False
+    ) -> list[Outputs]:
         self.batches.append((key, [int(s[0]) for s in sequences]))
+        self.alone.append(alone)
         if self.fail_on is not None and any(int(s[0]) == self.fail_on for s in sequences):
             raise RuntimeError("boom")
         return [{"id": s[:1].copy(), "length": np.array(len(s))} for s in sequences]
@@ -156,11 +161,13 @@ class MeetingModel(FakeModel):
         self.barrier = threading.Barrier(meet, timeout=0.5)
         self.met = 0
 
-    def run_batch(self, key: BucketKey, sequences: Sequence[np.ndarray]) -> list[Outputs]:
+    def run_batch(
+        self, key: BucketKey, sequences: Sequence[np.ndarray], alone: bool = False
+    ) -> list[Outputs]:
         with contextlib.suppress(threading.BrokenBarrierError):
             self.barrier.wait()
             self.met += 1
-        return super().run_batch(key, sequences)
+        return super().run_batch(key, sequences, alone)
 
 
 @pytest.mark.parametrize(("instances", "met"), [(2, 2), (1, 0)])
@@ -177,3 +184,73 @@ async def test_instances_run_that_many_batches_at_once(instances: int, met: int)
     task.cancel()
     assert [int(o["length"]) for o in outputs] == [3, 20]
     assert model.met == met
+
+
+async def test_a_batch_is_told_whether_it_runs_alone() -> None:
+    """Alone: when it was formed, no other batch was running, nothing was left waiting, and it
+    took no more sequences than there are instances."""
+    model = FakeModel()
+    await run_requests(model, [[3]])
+    assert model.alone == [True]
+    # one instance, two buckets waiting: the first batch leaves the second behind it
+    model = FakeModel()
+    await run_requests(model, [[3, 20]])
+    assert model.alone == [False, True]
+    # more sequences in the batch than instances: they waited together, so not alone
+    model = FakeModel()
+    await run_requests(model, [[3, 4]])
+    assert model.alone == [False]
+    # two instances: the second batch is formed while the first still runs
+    model = MeetingModel(meet=2)
+    sched, _ = scheduler(model, instances=2)
+    request = asyncio.create_task(sched.infer([np.full(3, 1), np.full(20, 2)], deadline=1e12))
+    await asyncio.sleep(0)
+    task = asyncio.create_task(sched.run())
+    await asyncio.wait_for(request, 10)
+    await asyncio.wait_for(sched.settled(), 5)
+    task.cancel()
+    assert model.met == 2
+    assert model.alone == [False, False]
+
+
+class GatedModel(FakeModel):
+    """Each batch waits, in its worker thread, until the test opens the gate."""
+
+    def __init__(self, lone_takes_every_core: bool) -> None:
+        super().__init__()
+        self.lone_takes_every_core = lone_takes_every_core
+        self.gate = threading.Event()
+
+    def run_batch(
+        self, key: BucketKey, sequences: Sequence[np.ndarray], alone: bool = False
+    ) -> list[Outputs]:
+        outputs = super().run_batch(key, sequences, alone)
+        self.gate.wait(timeout=10)
+        return outputs
+
+
+@pytest.mark.parametrize("wide", [True, False])
+async def test_a_batch_that_runs_alone_on_every_core_holds_every_instance(wide: bool) -> None:
+    """Where a lone batch runs on every core, a batch formed meanwhile waits for it rather
+    than share them (and then runs alone in its turn); elsewhere it takes the idle instance."""
+    model = GatedModel(lone_takes_every_core=wide)
+    sched, _ = scheduler(model, instances=2)
+    task = asyncio.create_task(sched.run())
+    first = asyncio.create_task(sched.infer([np.full(3, 1)], deadline=1e12))
+
+    async def started(count: int) -> None:
+        while len(model.batches) < count:
+            await asyncio.sleep(0.001)
+
+    await asyncio.wait_for(started(1), 5)
+    second = asyncio.create_task(sched.infer([np.full(20, 2)], deadline=1e12))
+    if wide:
+        await asyncio.sleep(0.05)
+        assert len(model.batches) == 1  # the second instance is idle, yet the batch waits
+    else:
+        await asyncio.wait_for(started(2), 5)  # on the idle instance, beside the first
+    model.gate.set()
+    await asyncio.wait_for(asyncio.gather(first, second), 5)
+    await asyncio.wait_for(sched.settled(), 5)
+    task.cancel()
+    assert model.alone == ([True, True] if wide else [True, False])

@@ -2,9 +2,10 @@
 
 spec -> the file its sessions load (for session-per-key, written once so they share weights)
 -> a load-time session -> layout and rules (`tensors`) -> the invariance check and the policy
-it allows -> the bucket plan -> an executor -> the keys the config asks for bound and warm ->
-`Model`. `load_engine` does it for every model of a repository, after sizing ONNX Runtime's
-threads.
+it allows -> the bucket plan -> an executor (and, on a CPU, a second one on every core for a
+batch that runs alone, when it answers as the first) -> the keys the config asks for bound and
+warm -> `Model`. `load_engine` does it for every model of a repository, after sizing ONNX
+Runtime's threads.
 """
 
 from __future__ import annotations
@@ -21,17 +22,21 @@ from tokenizers import Tokenizer
 from serve.bucketing import BucketPlan, Policy
 from serve.engine import Engine
 from serve.errors import ConfigError
-from serve.loading.check import measure
+from serve.layout import Layout
+from serve.loading.check import Run, measure, thread_difference
 from serve.loading.config import BatchingConfig
 from serve.loading.report import log_verdict, served_config
 from serve.loading.repository import PARTIAL_HINT, ModelSpec, load_repository
 from serve.loading.served_file import default_cache_dir, served_graph
 from serve.loading.tensors import layout_of, sequence_rules
-from serve.model import Model, ModelInfo
-from serve.runtime.executors import make_executor
+from serve.model import Model, ModelInfo, SequenceRules
+from serve.runtime.executors import Executor, make_executor
 from serve.runtime.sessions import (
+    GraphFile,
     create_session,
     init_process,
+    lone_threads,
+    own_pools_allowed,
     run_all,
     runs_on_cpu,
     thread_layout,
@@ -55,12 +60,16 @@ def load_tokenizer(path: Path, max_length: int) -> Tokenizer:
 
 
 def build_model(
-    spec: ModelSpec, strategy: str | None = None, cache_dir: Path | None = None
+    spec: ModelSpec,
+    strategy: str | None = None,
+    cache_dir: Path | None = None,
+    lone_batch_threads: int | None = None,
 ) -> Model:
     """Load `spec`: the file its sessions share, its layout, the invariance check and the
     policy it allows, the executor, then bind and warm the keys that the config asks for.
     `strategy` overrides the config's mode and binding (tests, benchmarks); `cache_dir` is
-    where session-per-key writes the weights its sessions share (default: the user's cache)."""
+    where session-per-key writes the weights its sessions share (default: the user's cache);
+    `lone_batch_threads`: threads of the runner for a batch that runs alone (None: none)."""
     began = time.perf_counter()
     config, batching = spec.config, spec.config.batching
     wanted = strategy or (config.binding if config.mode == "bucketing" else "mutable")
@@ -86,6 +95,9 @@ def build_model(
     # with buffers at the largest, whatever the config asked for.
     final = wanted if policy is Policy.BUCKETS else "mutable"
     executor = make_executor(final, graph, layout, plan, None if static else session)
+    lone = None
+    if lone_batch_threads and not static and policy is Policy.BUCKETS:
+        lone = lone_runner(spec, final, graph, layout, rules, plan, run, lone_batch_threads)
     tokenizer = (
         load_tokenizer(spec.tokenizer_path, config.tokenizer.max_length)
         if spec.tokenizer_path is not None and config.tokenizer is not None
@@ -101,6 +113,8 @@ def build_model(
         policy,
         failures,
     )
+    if lone is not None:
+        described["lone_batch_threads"] = lone_batch_threads
     info = ModelInfo(
         name=spec.name,
         version=spec.version,
@@ -113,7 +127,7 @@ def build_model(
         text_chars=config.tokenizer.chars if config.tokenizer is not None else None,
         served_config=described,
     )
-    model = Model(info, executor, tokenizer)
+    model = Model(info, executor, tokenizer, lone)
     keys = plan.all_keys() if batching.prepare == "all" and policy is Policy.BUCKETS else []
     for key in [plan.default_key, *keys]:
         model.prepare(key)
@@ -150,6 +164,42 @@ def apply_overrides(spec: ModelSpec, settings: Settings) -> ModelSpec:
     return dataclasses.replace(spec, config=spec.config.model_copy(update={"batching": batching}))
 
 
+def lone_runner(
+    spec: ModelSpec,
+    strategy: str,
+    graph: GraphFile,
+    layout: Layout,
+    rules: SequenceRules,
+    plan: BucketPlan,
+    run: Run,
+    threads: int,
+) -> Executor | None:
+    """A second executor of `strategy`, on a session with `threads` of its own, for a batch
+    that runs alone; None, and a warning, unless its answers stay within the model's tolerance
+    of the load session's (a thread count may change how a kernel splits its sums)."""
+    if not runs_on_cpu(list(graph.providers)) or not own_pools_allowed():
+        return None
+    wide = create_session(graph, threads=threads)
+    difference = thread_difference(spec.name, run, functools.partial(run_all, wide), layout, rules)
+    if difference > spec.config.batching.tolerance:
+        log.warning(
+            "model %s: on %d threads its answers move by %.3g (tolerance %.3g): a batch that "
+            "runs alone stays on its one thread",
+            spec.name,
+            threads,
+            difference,
+            spec.config.batching.tolerance,
+        )
+        return None
+    log.info(
+        "model %s: a batch that runs alone gets %d threads (its answers within %.3g of one's)",
+        spec.name,
+        threads,
+        difference,
+    )
+    return make_executor(strategy, graph, layout, plan, wide)
+
+
 def load_engine(settings: Settings | Path | str = "models") -> Engine:
     """Every model of a repository (a folder, or full settings) ready, in an engine. A model
     that fails to load stops it, unless `settings.allow_partial`: then the engine serves the
@@ -163,12 +213,13 @@ def load_engine(settings: Settings | Path | str = "models") -> Engine:
         all(runs_on_cpu(spec.config.providers) for spec in repository.models.values()),
     )
     init_process(threads)  # before the first session: the pool is the process's
+    lone = lone_threads(settings.lone_batch_threads, instances, threads)
     models = {}
     failed = {name: _relative(error, settings.models) for name, error in repository.failed.items()}
     for name, spec in repository.models.items():
         try:
             models[name] = build_model(
-                apply_overrides(spec, settings), settings.strategy, settings.cache_dir
+                apply_overrides(spec, settings), settings.strategy, settings.cache_dir, lone
             )
         except Exception as exc:  # a ConfigError, or ONNX Runtime refusing the graph
             error = _load_error(spec, exc)

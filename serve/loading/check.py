@@ -11,6 +11,9 @@ the worst difference from the model run on every sequence alone, unpadded:
 From the two, the serving policy (`Invariance.policy`): length buckets when neither moves,
 exact-length groups when only padding does, one sequence per run when batching does. Either
 way every answer stays within the tolerance of the model run alone.
+
+`thread_difference` asks the same of a second session on more threads (the one a batch that
+runs alone gets): its batches against the first session's runs of each sequence alone.
 """
 
 from __future__ import annotations
@@ -54,17 +57,19 @@ def difference(together: np.ndarray, alone: np.ndarray) -> float:
 
 
 class _Runs:
-    """The model's runs for the check: each sequence alone is run once and remembered."""
+    """The model's runs for the check: each sequence alone is run once and remembered.
+    Batches run on `together` (by default the same `run`)."""
 
-    def __init__(self, name: str, run: Run, layout: Layout) -> None:
+    def __init__(self, name: str, run: Run, layout: Layout, together: Run | None = None) -> None:
         self.name, self.run, self.layout = name, run, layout
+        self.together = together or run
         self.failures: list[str] = []
         self._alone: dict[int, tuple[np.ndarray, dict[str, np.ndarray]]] = {}
 
     def batch(
-        self, sequences: list[np.ndarray], rows: int, length: int
+        self, sequences: list[np.ndarray], rows: int, length: int, run: Run | None = None
     ) -> list[dict[str, np.ndarray]]:
-        outputs = self.run(self.layout.collate(sequences, rows, length))
+        outputs = (run or self.together)(self.layout.collate(sequences, rows, length))
         return self.layout.split(outputs, [len(s) for s in sequences])
 
     def alone(self, sequence: np.ndarray) -> dict[str, np.ndarray]:
@@ -72,7 +77,7 @@ class _Runs:
         if key in self._alone:
             return self._alone[key][1]
         try:
-            (answer,) = self.batch([sequence], 1, len(sequence))
+            (answer,) = self.batch([sequence], 1, len(sequence), self.run)
         except Exception as exc:  # ONNX Runtime raises its own types
             raise ConfigError(
                 f"model {self.name}: fails on one random valid sequence of length "
@@ -136,3 +141,25 @@ def measure(
             runs.worst(mixed, len(mixed) + 1, padded_to(longest_mixed), "a padded batch"),
         )
     return Invariance(padding, batching, tolerance), runs.failures
+
+
+def thread_difference(
+    name: str, run: Run, other: Run, layout: Layout, rules: SequenceRules
+) -> float:
+    """The worst difference of `other` (the same graph in another session) from `run`, each
+    sequence alone: on sequences alone, in batches of one length, and in batches padded past
+    their longest with a pad row. Infinite when `other` fails on one."""
+    runs = _Runs(name, run, layout, together=other)
+    rng = np.random.default_rng(1)
+    longest = max(1, min(rules.max_length - 1, LONGEST_PROBE))
+    worst = 0.0
+    for seed, rows in enumerate((1, *ROWS)):
+        length = int(rng.integers(1, longest + 1))
+        sequences = random_sequences(rules, [length] * rows, seed)
+        padded = min(rules.max_length, length + 8)
+        worst = max(
+            worst,
+            runs.worst(sequences, rows, length, "a batch"),
+            runs.worst(sequences, rows + 1, padded, "a padded batch"),
+        )
+    return worst

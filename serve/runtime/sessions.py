@@ -1,9 +1,11 @@
 """Creating ONNX Runtime sessions: thread pools, providers, shared weights, static shapes.
 
-Every session of the process draws on one global intra-op thread pool, so that many sessions
-(one per bucket key) never spin against each other for the same cores, and on one shared CPU
-arena, so that each key's session does not keep an arena of its own: batches run one at a
-time, so the activation memory of one serves them all.
+When a batch runs on several threads, every session of the process draws on one global
+intra-op thread pool, so that many sessions (one per bucket key) never spin against each other
+for the same cores. With one thread a batch (the default on a CPU: one batch per core), there
+is no pool to share: each run computes on its caller's thread, and a session may then have a
+pool of its own, for a batch that runs alone on every core (`create_session(threads=...)`).
+All sessions share one CPU arena, so that each key's session does not keep an arena of its own.
 """
 
 from __future__ import annotations
@@ -41,14 +43,19 @@ class GraphFile:
 
 _process_lock = threading.Lock()
 _process_ready = False
+_global_pool = False
 
 
 def init_process(intra_op_threads: int | None = None) -> None:
-    """Make the process-wide thread pool and CPU arena, once, before the first session."""
-    global _process_ready
+    """Make the process-wide CPU arena, and the thread pool when a batch runs on more than one
+    thread, once, before the first session."""
+    global _process_ready, _global_pool
     with _process_lock:
         if not _process_ready:
-            ort.set_global_thread_pool_sizes(intra_op_threads or usable_cores(), 1)
+            threads = intra_op_threads or usable_cores()
+            if threads > 1:
+                ort.set_global_thread_pool_sizes(threads, 1)
+                _global_pool = True
             cpu = ort.OrtMemoryInfo(
                 "Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT
             )
@@ -87,18 +94,42 @@ def thread_layout(
     return instances, intra_op_threads or max(1, cores // instances)
 
 
+def own_pools_allowed() -> bool:
+    """Whether a session may have a thread pool of its own (ONNX Runtime refuses one beside
+    the global pool)."""
+    init_process()
+    return not _global_pool
+
+
+def lone_threads(wanted: int | None, instances: int, threads: int) -> int | None:
+    """Threads for a batch that runs alone (`wanted`, default every core), or None for none:
+    only where several batches share the cores, each on fewer threads."""
+    wanted = wanted or usable_cores()
+    return wanted if instances > 1 and wanted > threads else None
+
+
 def create_session(
     graph: GraphFile,
     *,
     weights: SharedWeights | None = None,
     static_dims: dict[str, int] | None = None,
+    threads: int | None = None,
 ) -> ort.InferenceSession:
     """A session over `graph`. With `weights`, initializers come from the shared memmap and
     prepacking is off (a prepacked copy would be private to the session). `static_dims` fixes
-    free dimensions by name, giving a static-shape session for one bucket key."""
+    free dimensions by name, giving a static-shape session for one bucket key. `threads`: a
+    pool of the session's own (where `own_pools_allowed`); else the process's layout."""
     init_process()
     options = ort.SessionOptions()
-    options.use_per_session_threads = False
+    if _global_pool:
+        if threads is not None:
+            raise ValueError("a session's own thread pool beside the global one")
+        options.use_per_session_threads = False
+    else:
+        options.intra_op_num_threads = threads or 1
+        # Its threads spin while a run lasts (a lone batch's latency) but not after it: a pool
+        # left spinning would take cores from the runs on one thread that follow.
+        options.add_session_config_entry("session.force_spinning_stop", "1")
     options.add_session_config_entry("session.use_env_allocators", "1")
     options.log_severity_level = 3
     if weights is not None:
@@ -135,7 +166,7 @@ def write_folded(source: Path, target: Path) -> None:
     keeping a copy. Weights go to `target`'s .data file."""
     init_process()
     options = ort.SessionOptions()
-    options.use_per_session_threads = False
+    options.use_per_session_threads = not _global_pool
     options.log_severity_level = 3
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     options.optimized_model_filepath = str(target)
