@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -100,7 +101,6 @@ class Scheduler:
         self._settled.set()
         self._instances = instances
         self._free = asyncio.Semaphore(instances)
-        self._held: dict[asyncio.Task[None], int] = {}  # a running batch -> instances it holds
         self._running: set[asyncio.Task[None]] = set()
         self._worker = ThreadPoolExecutor(instances, thread_name_prefix=f"run-{model.name}")
 
@@ -201,16 +201,16 @@ class Scheduler:
                         await self._free.acquire()
                 task = asyncio.create_task(self._execute(key, items, alone))
                 self._running.add(task)
-                self._held[task] = self._instances if wide else 1
-                task.add_done_callback(self._finished)
+                held = self._instances if wide else 1
+                task.add_done_callback(functools.partial(self._finished, held))
         finally:
             for task in self._running:
                 task.cancel()
             self._worker.shutdown(wait=False, cancel_futures=True)
 
-    def _finished(self, task: asyncio.Task[None]) -> None:
+    def _finished(self, held: int, task: asyncio.Task[None]) -> None:
         """A batch is done: its instances are free again."""
-        for _ in range(self._held.pop(task)):
+        for _ in range(held):
             self._free.release()
         self._running.discard(task)
         self._settle_if_idle()

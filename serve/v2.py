@@ -12,11 +12,12 @@ in the row; otherwise T.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 
-from serve.errors import InvalidInput
+from serve.errors import InvalidInput, ModelNotFound
 from serve.layout import Input, InputRole, Outputs, Tensor
 from serve.model import Model
 
@@ -68,6 +69,24 @@ def fitted(values: np.ndarray, dtype: np.dtype, name: str, datatype: str) -> np.
     if dtype.kind == "f" and not np.isfinite(converted).all():
         raise InvalidInput(f"input {name}: values must be finite {datatype} numbers")
     return converted
+
+
+def of_version(model: Model, version: str | None) -> Model:
+    """`model` when it is the version asked for (or none was): v2 names a version in every
+    model route."""
+    if version and version != str(model.info.version):
+        raise ModelNotFound(
+            f"model {model.name} has no version {version[:32]!r} (serving {model.info.version})"
+        )
+    return model
+
+
+def check_outputs(model: Model, names: Iterable[str]) -> None:
+    """Every output asked for is one the model has."""
+    known = model.info.layout.output_names
+    for name in names:
+        if name not in known:
+            raise InvalidInput(f"model {model.name} has no output {name}")
 
 
 def described(tensor: Tensor) -> dict[str, Any]:

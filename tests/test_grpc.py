@@ -174,6 +174,9 @@ def test_bad_requests_get_triton_status_codes_and_spare_their_neighbours(
     good = infer_inputs(grpcclient, SEQUENCES)
     assert status_of(lambda: client.infer("no-such-model", good)) == "StatusCode.NOT_FOUND"
     assert status_of(lambda: client.get_model_metadata("no-such-model")) == "StatusCode.NOT_FOUND"
+    assert status_of(lambda: client.infer("tiny-encoder", good, model_version="7")) == (
+        "StatusCode.NOT_FOUND"
+    )
     out_of_vocab = infer_inputs(grpcclient, [[5, 10**6]])
     assert status_of(lambda: client.infer("tiny-encoder", out_of_vocab)) == (
         "StatusCode.INVALID_ARGUMENT"

@@ -27,14 +27,22 @@ from serve.errors import (
     BucketserveError,
     InvalidInput,
     MalformedRequest,
-    ModelNotFound,
     ModelNotReady,
 )
 from serve.grpc.protocol import MESSAGE_CLASSES, METHODS, SERVICE
 from serve.metrics import Metrics
 from serve.model import Model
 from serve.settings import Settings
-from serve.v2 import DATATYPE_OF, DATATYPES, fitted, metadata, sequences_from_tensors, stack_outputs
+from serve.v2 import (
+    DATATYPE_OF,
+    DATATYPES,
+    check_outputs,
+    fitted,
+    metadata,
+    of_version,
+    sequences_from_tensors,
+    stack_outputs,
+)
 
 log = logging.getLogger(__name__)
 
@@ -121,12 +129,7 @@ class InferenceService:
         return not self.engine.draining
 
     def _model(self, name: str, version: str) -> Model:
-        model = self.engine.model(name or None)
-        if version and version != str(model.info.version):
-            raise ModelNotFound(
-                f"model {model.name} has no version {version[:32]!r} (serving {model.info.version})"
-            )
-        return model
+        return of_version(self.engine.model(name or None), version)
 
     async def ServerLive(self, request: Message, context: grpc.aio.ServicerContext) -> Message:  # noqa: N802
         return self.messages["ServerLiveResponse"](live=True)
@@ -163,11 +166,8 @@ class InferenceService:
             sequences, steps = await asyncio.to_thread(self._sequences, request, model)
         else:
             sequences, steps = self._sequences(request, model)
-        known = model.info.layout.output_names
-        wanted = [out.name for out in request.outputs] or list(known)
-        for name in wanted:
-            if name not in known:
-                raise InvalidInput(f"model {model.name} has no output {name}")
+        wanted = [out.name for out in request.outputs] or list(model.info.layout.output_names)
+        check_outputs(model, wanted)
         timeouts = []
         remaining = context.time_remaining()
         if remaining is not None:

@@ -13,7 +13,7 @@ import numpy as np
 from fastapi import APIRouter, Request, Response
 
 from serve.engine import Engine
-from serve.errors import InvalidInput, ModelNotFound
+from serve.errors import ModelNotFound
 from serve.http.common import (
     BINARY,
     JSON,
@@ -41,7 +41,7 @@ from serve.http.schemas import (
 )
 from serve.http.tensors import Decoded, decode_request, encode_response, header_length
 from serve.model import Model
-from serve.v2 import metadata, sequences_from_tensors, stack_outputs
+from serve.v2 import check_outputs, metadata, of_version, sequences_from_tensors, stack_outputs
 
 router = APIRouter(prefix="/v2", tags=["KServe v2"])
 
@@ -74,11 +74,7 @@ def model_routes(method: str, suffix: str, **options: Any) -> Callable[[Handler]
 
 
 def _model(request: Request, name: str, version: str | None) -> Model:
-    model = engine_of(request).model(name)
-    if version is not None and version != str(model.info.version):
-        shown = version[:32]
-        raise ModelNotFound(f"model {name} has no version {shown!r} (serving {model.info.version})")
-    return model
+    return of_version(engine_of(request).model(name), version)
 
 
 def _failed(request: Request, name: str, version: str | None) -> str | None:
@@ -231,9 +227,7 @@ async def infer(request: Request, name: str, version: str | None) -> Response:
     parsed, sequences, steps = await off_loop(_decode, body, json_length, model, engine)
     known = model.info.layout.output_names
     wanted = parsed.outputs or dict.fromkeys(known, parsed.binary_by_default)
-    for out in wanted:
-        if out not in known:
-            raise InvalidInput(f"model {model.name} has no output {out}")
+    check_outputs(model, wanted)
     timeouts = [t for t in (request_timeout_ms(request), parsed.timeout_ms) if t is not None]
     deadline = engine.deadline(min(timeouts, default=None))
     answers = await unless_client_leaves(request, engine.infer(model, sequences, deadline))
