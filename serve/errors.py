@@ -50,6 +50,13 @@ class PayloadTooLarge(BucketserveError):
     code = "payload_too_large"
 
 
+class HeadersTooLarge(BucketserveError):
+    """A request's head (request line and headers) past what a connection may buffer."""
+
+    status = 431
+    code = "headers_too_large"
+
+
 class UnsupportedMediaType(BucketserveError):
     """A body in a content type the route does not take (a form, text/plain)."""
 

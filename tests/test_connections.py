@@ -1,5 +1,6 @@
 """Connections to a real server process: slow and silent clients are cut off by the timeouts,
-the connection cap answers 503, a malformed request line gets the JSON error form, and SIGTERM
+a head past its limit answers 431, pipelined requests are answered in order, the connection
+cap answers 503, a malformed request line gets the JSON error form, and SIGTERM
 under 32 keep-alive clients drains without a single reset and exits 0, however slow an upload
 or however many times the signal comes."""
 
@@ -17,6 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from serve.connections import MAX_HEAD_BYTES
 from tests.helpers import copy_bundled, server_process
 
 TIMEOUTS = ("--header-timeout-s", "1", "--body-timeout-s", "2")
@@ -77,6 +79,65 @@ def test_a_request_uvicorn_cannot_parse_gets_the_error_form(models: Path) -> Non
     assert head.startswith(b"HTTP/1.1 400")
     assert b"content-type: application/json" in head.lower()
     assert json.loads(body)["error"]["code"] == "malformed"
+
+
+def test_a_head_past_the_limit_gets_431_and_one_within_it_is_served(models: Path) -> None:
+    body = b'{"sequences": [[1, 2]]}'
+
+    def request(header_bytes: int) -> bytes:
+        return (
+            b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + b"X-Pad: "
+            + b"a" * header_bytes
+            + b"\r\n"
+            + b"Content-Length: "
+            + str(len(body)).encode()
+            + b"\r\nConnection: close\r\n\r\n"
+            + body
+        )
+
+    with server_process(models) as (_, url, _log):
+        within = connect(url)
+        within.sendall(request(MAX_HEAD_BYTES // 2))
+        _, served = closed_at(within)
+        past = connect(url)
+        past.sendall(request(4 * MAX_HEAD_BYTES)[: 3 * MAX_HEAD_BYTES])  # never ends its head
+        _, refused = closed_at(past)
+        metrics = httpx.get(f"{url}/metrics").text
+    assert served.startswith(b"HTTP/1.1 200"), served[:200]
+    head, _, error = refused.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 431")
+    assert json.loads(error)["error"]["code"] == "headers_too_large"
+    assert 'status="500"' not in metrics
+
+
+def test_pipelined_requests_are_answered_in_order(models: Path) -> None:
+    def request(tokens: list[int]) -> bytes:
+        body = json.dumps({"sequences": [tokens]}).encode()
+        return (
+            b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + b"Content-Length: "
+            + str(len(body)).encode()
+            + b"\r\n\r\n"
+            + body
+        )
+
+    sequences = [[1, 2, 3], [4, 5], [6, 7, 8, 9]]
+    with server_process(models) as (_, url, _log):
+        alone = [httpx.post(f"{url}/predict", json={"sequences": [s]}).json() for s in sequences]
+        sock = connect(url)
+        sock.sendall(b"".join(request(s) for s in sequences))  # one write, three requests
+        answers = []
+        with sock, sock.makefile("rb") as stream:
+            for _ in sequences:
+                assert stream.readline().startswith(b"HTTP/1.1 200")
+                length = 0
+                while (line := stream.readline()) != b"\r\n":
+                    name, _, value = line.decode().partition(":")
+                    if name.lower() == "content-length":
+                        length = int(value)
+                answers.append(json.loads(stream.read(length)))
+    assert [a["outputs"] for a in answers] == [a["outputs"] for a in alone]
 
 
 def test_past_the_connection_cap_a_request_gets_503(models: Path) -> None:
