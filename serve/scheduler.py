@@ -9,10 +9,9 @@ while all are busy) and runs it in a worker thread, telling the model whether it
 no other batch running, nothing left waiting, and no more sequences than there are instances
 (a batch that took more found them queued together: load, not a lone request). Where the
 model then takes every core, such a batch holds every instance, and batches formed meanwhile
-wait for it. A failing batch fails
-its own sequences only. `settled` is when no request is in flight, no sequence queued and no
-batch running. No ONNX Runtime here: the model is anything with `plan`, `batch_shape` and
-`run_batch`.
+wait for it. A failing batch fails its own sequences only. `settled` is when no request is in
+flight, no sequence queued and no batch running. No ONNX Runtime here: the model is anything
+with `plan`, `batch_shape` and `run_batch`.
 """
 
 from __future__ import annotations
