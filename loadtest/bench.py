@@ -56,11 +56,11 @@ from loadtest.lengths import LengthDistribution
 from loadtest.loadgen import Connect, Result, closed_loop, encode_post, http, open_loop
 from loadtest.payloads import natural_texts
 from loadtest.process import ROOT, free_port, running_process, running_server
-from serve.bucketing import BucketPlan
+from serve.core.bucketing import BucketPlan
 from serve.loading import ModelSpec, load_model_spec
 from serve.loading.builder import load_tokenizer
+from serve.loading.layouts import layout_of
 from serve.loading.planner import padding_waste, power_of_two_edges
-from serve.loading.tensors import layout_of
 from serve.runtime.sessions import usable_cores
 
 CONCURRENCY = 16

@@ -12,8 +12,8 @@ import grpc
 import numpy as np
 
 from loadtest.loadgen import Connect, Connection
-from serve.grpc.protocol import MESSAGE_CLASSES, SERVICE
-from serve.v2 import DATATYPE_OF
+from serve.edges.grpc.messages import MESSAGE_CLASSES, SERVICE
+from serve.edges.kserve import DATATYPE_OF
 
 
 def infer_request(model: str, inputs: dict[str, np.ndarray], outputs: list[str]) -> bytes:

@@ -1,21 +1,21 @@
 """bucketserve: length-bucketed inference for variable-length sequence models on ONNX Runtime.
 
-Three rooms. Load time, `serve.loading`: a model repository becomes ready models (checked,
-bound, warm). The request path, top to bottom: `http` (decode and validate at the edge) ->
-`engine` (which model) -> `scheduler` (admission, the length-bucket `queues`, the instances)
--> `model` (collate -> run -> split, with `layout` and `bucketing`) -> `runtime` (ONNX
-Runtime executors). The process around them:
-`app`, `server`, `cli`, with `settings`, `metrics`, `logs` and `errors` shared by all.
+The rooms, in the order a request meets them: `process` (the command and the server process)
+-> `edges` (HTTP and gRPC: where a request enters, decoded at the edge) -> `core` (where it is
+decided: the engine, each model's scheduler with its length-bucket queues, the model's collate
+-> run -> split) -> `runtime` (where it runs: ONNX Runtime executors). Load time, `loading`,
+turns a model repository into ready models (checked, bound, warm) before the first request.
+`settings`, `metrics`, `logs` and `errors` are shared by all.
 
 `load_engine("models")` is the Python entry point: its `model(name).predict(...)` answers.
 """
 
 from importlib.metadata import version
 
-from serve.engine import Engine
+from serve.core.engine import Engine
+from serve.core.model import Model
 from serve.errors import BucketserveError
 from serve.loading import load_engine
-from serve.model import Model
 
 __all__ = ["BucketserveError", "Engine", "Model", "load_engine"]
 __version__ = version("bucketserve")  # pyproject.toml's

@@ -1,7 +1,8 @@
 """One error hierarchy for the whole server: each error carries its HTTP status and a short code.
 
 Errors are raised where a problem is found (config loading, validation at the edge, admission,
-the runtime) and mapped to a response by the HTTP layer, always in `error_form`.
+the runtime) and answered by the edge the request came in at: over HTTP with its status, always
+in `error_form`; over gRPC with the status code Triton's clients expect for it.
 """
 
 from __future__ import annotations

@@ -9,10 +9,23 @@ Label values are bounded: `bucket` is always one of a model's configured edges.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from serve.bucketing import Invariance
+
+class Differences(Protocol):
+    """What the invariance check measured batching and padding to do to a model's answers."""
+
+    @property
+    def padding(self) -> float: ...
+
+    @property
+    def batching(self) -> float: ...
+
+    @property
+    def tolerance(self) -> float: ...
+
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 128)
@@ -137,12 +150,13 @@ class Metrics:
             histogram.observe(length)
 
     def model_loaded(
-        self, model: str, version: int, strategy: str, policy: str, invariance: Invariance
+        self, model: str, version: int, strategy: str, policy: str, differences: Differences
     ) -> None:
+        """`differences`: the invariance check's figures (`serve.core.bucketing.Invariance`)."""
         self.model_info.labels(model, str(version), strategy, policy).set(1)
-        self.batching_difference.labels(model, "padding").set(invariance.padding)
-        self.batching_difference.labels(model, "batching").set(invariance.batching)
-        self.batching_tolerance.labels(model).set(invariance.tolerance)
+        self.batching_difference.labels(model, "padding").set(differences.padding)
+        self.batching_difference.labels(model, "batching").set(differences.batching)
+        self.batching_tolerance.labels(model).set(differences.tolerance)
 
     def model_failed(self, model: str) -> None:
         self.load_failed.labels(model).set(1)

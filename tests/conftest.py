@@ -34,7 +34,7 @@ def minilm_spec() -> ModelSpec:
             [
                 sys.executable,
                 "-m",
-                "serve.cli",
+                "serve.process.cli",
                 "models",
                 "build",
                 "minilm",

@@ -12,9 +12,9 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from serve.bucketing import BucketKey, BucketPlan, Invariance
-from serve.layout import Input, InputRole, Layout, Tensor
-from serve.model import Model, ModelInfo, SequenceRules
+from serve.core.bucketing import BucketKey, BucketPlan, Invariance
+from serve.core.layout import Input, InputRole, Layout, Tensor
+from serve.core.model import Model, ModelInfo, SequenceRules
 
 IDS = np.dtype(np.int64)
 LAYOUT = Layout(

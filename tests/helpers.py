@@ -18,10 +18,10 @@ import onnxruntime as ort
 
 from loadtest.process import running_server
 from modelgen.save import save_model
-from serve.app import create_app
-from serve.engine import Engine
+from serve.core.engine import Engine
+from serve.edges.http.app import create_app
 from serve.loading import ModelSpec, load_engine, load_model_spec
-from serve.loading.tensors import layout_of
+from serve.loading.layouts import layout_of
 from serve.runtime.sessions import own_pools_allowed, run_all
 from serve.settings import Settings
 

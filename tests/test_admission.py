@@ -9,7 +9,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from serve.engine import Engine
+from serve.core.calls import Call, Sequences
+from serve.core.engine import Engine
 from serve.settings import Settings
 from tests.fakes import FakeExecutor, fake_model
 from tests.helpers import serving
@@ -94,10 +95,7 @@ async def test_abandoned_request_is_dropped_before_compute() -> None:
     async with serving(engine) as client:
         running = asyncio.create_task(client.post("/predict", json={"sequences": [[1, 2, 3]]}))
         await asyncio.to_thread(log.entered.wait, 5)
-        model = engine.model()
-        abandoned = asyncio.create_task(
-            engine.infer(model, [np.full(50, 4, np.int64)], engine.deadline(None))
-        )
+        abandoned = asyncio.create_task(engine.infer(Call(Sequences([np.full(50, 4, np.int64)]))))
         await until(lambda: engine.schedulers["fake"].depth == 1)
         abandoned.cancel()  # what the HTTP layer does when the client disconnects
         log.gate.set()

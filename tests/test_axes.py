@@ -11,8 +11,8 @@ import pytest
 
 from modelgen import graphs, zoo
 from modelgen.save import save_model
+from serve.core.layout import Tensor
 from serve.errors import ConfigError
-from serve.layout import Tensor
 from serve.loading import build_model, load_model_spec
 from serve.loading.axes import Axes, probe_outputs, probe_shapes
 from serve.loading.check import random_sequences

@@ -13,11 +13,11 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from modelgen.save import save_model
-from serve.bucketing import Policy
+from serve.core.bucketing import Policy
+from serve.core.model import SequenceRules
 from serve.errors import ConfigError
 from serve.loading import build_model, load_model_spec
 from serve.loading.check import difference, random_sequences
-from serve.model import SequenceRules
 from tests.helpers import Reference, make_engine, serving, spec_of
 from tests.zoo import ZOO, add_to
 

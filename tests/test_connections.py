@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from serve.connections import MAX_HEAD_BYTES
+from serve.edges.http.connections import MAX_HEAD_BYTES
 from tests.helpers import copy_bundled, server_process
 
 TIMEOUTS = ("--header-timeout-s", "1", "--body-timeout-s", "2")

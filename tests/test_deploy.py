@@ -27,8 +27,8 @@ from deploy.image.smoke import (
 )
 from loadtest.process import running_server
 from modelgen.build import RECIPES
-from serve.app import create_app
-from serve.cli import PROBE_PATHS, parser
+from serve.edges.http.app import create_app
+from serve.process.cli import PROBE_PATHS, parser
 from serve.settings import Settings, env_name
 from tests.helpers import ROOT, copy_bundled
 
@@ -135,7 +135,7 @@ def test_image_steps_serve_minilm_from_fresh_environments(tmp_path: Path) -> Non
 def test_probe_command_reports_health(tmp_models: Path) -> None:
     def probe(what: str, port: int) -> int:
         return subprocess.run(
-            [sys.executable, "-m", "serve.cli", "probe", what, "--port", str(port)],
+            [sys.executable, "-m", "serve.process.cli", "probe", what, "--port", str(port)],
             cwd=ROOT,
             capture_output=True,
             check=False,

@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from serve.app import create_app
-from serve.engine import Engine
+from serve.core.engine import Engine
+from serve.edges.http.app import create_app
 from serve.loading import ModelSpec, build_model
 from serve.logs import Throttled
 from serve.settings import Settings
@@ -105,7 +105,7 @@ async def test_a_large_body_is_decoded_off_the_event_loop(
     monkeypatch: pytest.MonkeyPatch, padding: int, off_loop: bool
 ) -> None:
     """8 MB of JSON takes ~150 ms to parse: on the event loop it would stall everyone else."""
-    from serve.http import predict
+    from serve.edges.http import predict
 
     threads: list[threading.Thread] = []
     parse = predict.parse_predict

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from serve.bucketing import Policy
+from serve.core.bucketing import Policy
 from serve.loading import ModelSpec, build_model
 from serve.loading.check import random_sequences
-from serve.loading.tensors import sequence_rules
+from serve.loading.layouts import sequence_rules
 from tests.helpers import Reference, lengths_over_buckets
 
 STRATEGIES = ["shared-session", "session-per-key", "mutable"]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from serve.engine import Engine
+from serve.core.engine import Engine
 from serve.loading import ModelSpec, build_model
 from serve.loading.check import random_sequences
 from serve.settings import Settings

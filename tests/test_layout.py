@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from serve.layout import Layout, Tensor
+from serve.core.layout import Layout, Tensor
 from serve.loading import load_model_spec
-from serve.loading.tensors import layout_of
+from serve.loading.layouts import layout_of
 from tests.helpers import MODELS
 
 

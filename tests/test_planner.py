@@ -106,7 +106,7 @@ def test_plan_command(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "serve.cli",
+            "serve.process.cli",
             "plan",
             "--lengths",
             str(sample),

@@ -17,7 +17,7 @@ import httpx
 import numpy as np
 import pytest
 
-from serve.cli import lengths_from_metrics
+from serve.process.cli import lengths_from_metrics
 from tests.helpers import copy_bundled, server_process
 
 
@@ -113,7 +113,16 @@ def test_a_model_that_fails_to_load_stops_the_server_unless_partial(models: Path
     (broken / "config.toml").write_text(config.replace('role = "mask"', 'role = "maks"'))
 
     stopped = subprocess.run(
-        [sys.executable, "-m", "serve.cli", "serve", "--models", str(models), "--port", "0"],
+        [
+            sys.executable,
+            "-m",
+            "serve.process.cli",
+            "serve",
+            "--models",
+            str(models),
+            "--port",
+            "0",
+        ],
         capture_output=True,
         text=True,
         timeout=120,

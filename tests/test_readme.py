@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 from loadtest.process import free_port
-from serve.cli import PROBE_PATHS
 from serve.loading import ModelSpec
+from serve.process.cli import PROBE_PATHS
 from tests.helpers import ROOT
 
 

@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from serve.bucketing import BucketKey
+from serve.core.bucketing import BucketKey
+from serve.core.model import Model
 from serve.errors import ConfigError
 from serve.loading import build_model, load_model_spec
 from serve.loading.check import random_sequences
-from serve.model import Model
 from serve.runtime.sessions import runs_on_cpu, thread_layout, usable_cores
 from serve.settings import Settings
 from tests.helpers import (

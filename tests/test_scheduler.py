@@ -12,10 +12,10 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from serve.bucketing import BucketKey, BucketPlan
+from serve.core.bucketing import BucketKey, BucketPlan
+from serve.core.layout import Outputs
+from serve.core.scheduler import Scheduler
 from serve.errors import DeadlineExceeded, InferenceFailed, Unavailable
-from serve.layout import Outputs
-from serve.scheduler import Scheduler
 
 PLAN = BucketPlan(edges=(8, 16, 32), max_batch_size=4, max_batch_tokens=64)
 DELAY = 0.005

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from serve.loading.check import random_sequences
-from serve.loading.tensors import sequence_rules
+from serve.loading.layouts import sequence_rules
 from tests.helpers import Reference, copy_bundled, padded, server_process, spec_of
 from tests.zoo import add_to
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from serve.bucketing import Policy
+from serve.core.bucketing import Policy
 from serve.loading.check import random_sequences
 from tests.helpers import Reference, make_engine, serving, spec_of
 from tests.zoo import ZOO, add_to

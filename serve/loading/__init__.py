@@ -2,7 +2,7 @@
 
 config (config.toml, validated) -> signature (the graph's tensors as declared) -> axes (which
 is the batch, which is time) -> repository (folders, versions, files: a `ModelSpec`; planner
-fits bucket edges) -> served_file (what sessions load) -> tensors (layout and rules, probing
+fits bucket edges) -> served_file (what sessions load) -> layouts (layout and rules, probing
 the model where needed) -> check (what padding and batching do to its answers) -> report (the
 verdict, said) -> builder (spec -> checked, bound, warm `Model`; `load_engine`).
 """

@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from serve.core.layout import InputRole
 from serve.errors import ConfigError
-from serve.layout import InputRole
 from serve.loading.config import ModelConfig
 from serve.loading.signature import Dim, GraphTensor, Signature
 

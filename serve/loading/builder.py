@@ -1,7 +1,7 @@
 """The builder: a model spec becomes a ready model, and a repository an engine.
 
 spec -> the file its sessions load (for session-per-key, written once so they share weights)
--> a load-time session -> layout and rules (`tensors`) -> the invariance check and the policy
+-> a load-time session -> layout and rules (`layouts`) -> the invariance check and the policy
 it allows -> the bucket plan -> an executor (and, on a CPU, a second one on every core for a
 batch that runs alone, when it answers as the first) -> the keys the config asks for bound and
 warm -> `Model`. `load_engine` does it for every model of a repository, after sizing ONNX
@@ -19,17 +19,17 @@ from pathlib import Path
 from pydantic import ValidationError
 from tokenizers import Tokenizer
 
-from serve.bucketing import BucketPlan, Policy
-from serve.engine import Engine
+from serve.core.bucketing import BucketPlan, Policy
+from serve.core.engine import Engine
+from serve.core.layout import Layout
+from serve.core.model import Model, ModelInfo, SequenceRules
 from serve.errors import ConfigError
-from serve.layout import Layout
 from serve.loading.check import Run, measure, thread_difference
 from serve.loading.config import BatchingConfig
+from serve.loading.layouts import layout_of, sequence_rules
 from serve.loading.report import log_verdict, served_config
 from serve.loading.repository import PARTIAL_HINT, ModelSpec, load_repository
 from serve.loading.served_file import default_cache_dir, served_graph
-from serve.loading.tensors import layout_of, sequence_rules
-from serve.model import Model, ModelInfo, SequenceRules
 from serve.runtime.executors import Executor, make_executor
 from serve.runtime.sessions import (
     GraphFile,

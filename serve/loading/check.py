@@ -22,10 +22,10 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from serve.bucketing import Invariance
+from serve.core.bucketing import Invariance
+from serve.core.layout import Layout
+from serve.core.model import SequenceRules
 from serve.errors import ConfigError
-from serve.layout import Layout
-from serve.model import SequenceRules
 
 Run = Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]  # feeds -> every output
 

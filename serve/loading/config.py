@@ -14,8 +14,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from serve.core.layout import SEQUENCE_ROLES, InputRole
 from serve.errors import ConfigError
-from serve.layout import SEQUENCE_ROLES, InputRole
 
 
 class _Strict(BaseModel):

@@ -8,10 +8,10 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from serve.bucketing import Invariance, Policy
-from serve.layout import Layout
+from serve.core.bucketing import Invariance, Policy
+from serve.core.layout import Layout
+from serve.core.model import SequenceRules
 from serve.loading.repository import ModelSpec
-from serve.model import SequenceRules
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 import onnxruntime as ort
 
-from serve.layout import Layout
+from serve.core.layout import Layout
 
 
 class BufferBinding:

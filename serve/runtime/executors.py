@@ -28,8 +28,8 @@ from collections.abc import Hashable, Mapping, Sequence
 import numpy as np
 import onnxruntime as ort
 
-from serve.bucketing import BucketKey, BucketPlan
-from serve.layout import Layout
+from serve.core.bucketing import BucketKey, BucketPlan
+from serve.core.layout import Layout
 from serve.runtime.binding import BufferBinding
 from serve.runtime.sessions import GraphFile, create_session
 from serve.runtime.weights import SharedWeights

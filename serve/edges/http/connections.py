@@ -14,7 +14,7 @@ may hold, and with no connection ever closed under a client that may be sending 
   (Retry-After, Connection: close) without reaching the application.
 - A request the parser refuses (a non-numeric Content-Length) is answered 400 in the error
   form, not in uvicorn's plain text.
-- The drain (`serve.server`): an idle connection is not closed when the server stops
+- The drain (`serve.process.server`): an idle connection is not closed when the server stops
   accepting; its next request is answered with Connection: close, and what is still open at
   the drain timeout is closed then.
 """

@@ -26,16 +26,16 @@ from typing import Protocol
 
 import numpy as np
 
-from serve.bucketing import BucketKey, BucketPlan
+from serve.core.bucketing import BucketKey, BucketPlan
+from serve.core.layout import Outputs
+from serve.core.queues import BucketQueues, Pending
 from serve.errors import DeadlineExceeded, InferenceFailed, Unavailable
-from serve.layout import Outputs
-from serve.queues import BucketQueues, Pending
 
 Clock = Callable[[], float]
 
 
 class BatchModel(Protocol):
-    """What the scheduler needs of a model (a `serve.model.Model`, or a fake in tests)."""
+    """What the scheduler needs of a model (a `serve.core.model.Model`, or a fake in tests)."""
 
     name: str
     plan: BucketPlan

@@ -4,7 +4,7 @@ No ONNX Runtime and no asyncio. `BucketPlan` maps a sequence length to a `Bucket
 length)`: the bucket edge it pads to and the batch capacity there, min(max_batch_size,
 max_batch_tokens // length). How far a model may be batched is its `Policy`, chosen at load
 from what batching was measured to do to its answers (`Invariance`). Collating a batch and
-splitting its outputs is `serve.layout`'s.
+splitting its outputs is `serve.core.layout`'s.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ import orjson
 from fastapi import Request, Response
 from starlette.requests import ClientDisconnect
 
-from serve.engine import Engine
+from serve.core.engine import Engine
 from serve.errors import (
     BucketserveError,
     MalformedRequest,
@@ -55,6 +55,11 @@ class ClientGone(Exception):
 def engine_of(request: Request) -> Engine:
     engine: Engine = request.app.state.engine
     return engine
+
+
+def request_id(request: Request) -> str:
+    """The request's id: its X-Request-Id, or the one `context` made up."""
+    return str(getattr(request.state, "request_id", ""))
 
 
 async def read_body(request: Request, limit: int, media_types: Sequence[str] = (JSON,)) -> bytes:

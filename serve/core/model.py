@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from serve.bucketing import BucketKey, BucketPlan, Invariance
+from serve.core.bucketing import BucketKey, BucketPlan, Invariance
+from serve.core.layout import Layout, Outputs
 from serve.errors import InvalidInput
-from serve.layout import Layout, Outputs
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from serve.bucketing import BucketKey
-from serve.layout import Outputs
+from serve.core.bucketing import BucketKey
+from serve.core.layout import Outputs
 
 
 @dataclass(eq=False)

@@ -1,7 +1,7 @@
 """The KServe v2 / Triton HTTP protocol, so that `tritonclient.http` works unchanged.
 
-Routes only: tensors are decoded by `tensors`, turned into sequences (and outputs back into
-tensors) by `rows`.
+Routes only: a body is decoded by `kserve_body`; the inference path is the one gRPC shares
+(`serve.edges.kserve`).
 """
 
 from __future__ import annotations
@@ -9,12 +9,11 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import numpy as np
 from fastapi import APIRouter, Request, Response
 
-from serve.engine import Engine
-from serve.errors import ModelNotFound
-from serve.http.common import (
+from serve.core.model import Model
+from serve.edges import kserve
+from serve.edges.http.common import (
     BINARY,
     JSON,
     LENGTH_PARAMETER,
@@ -24,10 +23,12 @@ from serve.http.common import (
     json_response,
     off_loop,
     read_body,
+    request_id,
     request_timeout_ms,
     unless_client_leaves,
 )
-from serve.http.schemas import (
+from serve.edges.http.kserve_body import decode_request, encode_response, header_length
+from serve.edges.http.schemas import (
     IndexEntry,
     InferRequest,
     InferResponse,
@@ -39,9 +40,8 @@ from serve.http.schemas import (
     errors,
     inlined,
 )
-from serve.http.tensors import Decoded, decode_request, encode_response, header_length
-from serve.model import Model
-from serve.v2 import check_outputs, metadata, of_version, sequences_from_tensors, stack_outputs
+from serve.edges.kserve import metadata
+from serve.errors import ModelNotFound
 
 router = APIRouter(prefix="/v2", tags=["KServe v2"])
 
@@ -74,7 +74,7 @@ def model_routes(method: str, suffix: str, **options: Any) -> Callable[[Handler]
 
 
 def _model(request: Request, name: str, version: str | None) -> Model:
-    return of_version(engine_of(request).model(name), version)
+    return engine_of(request).model(name, version)
 
 
 def _failed(request: Request, name: str, version: str | None) -> str | None:
@@ -186,16 +186,6 @@ async def repository_index(request: Request) -> Response:
     return json_response(sorted(ready + failed, key=lambda entry: entry["name"]))
 
 
-def _decode(
-    body: bytes, json_length: int | None, model: Model, engine: Engine
-) -> tuple[Decoded, list[np.ndarray], int]:
-    """The request's tensors, and its rows as validated sequences (T: the steps sent)."""
-    parsed = decode_request(body, json_length)
-    sequences, steps = sequences_from_tensors(model, parsed.inputs, engine.settings.max_sequences)
-    engine.within_token_budget(sequences)
-    return parsed, sequences, steps
-
-
 BINARY_BODY = {"schema": {"type": "string", "format": "binary"}}
 INFER_CONTRACT = {
     "requestBody": {
@@ -221,21 +211,17 @@ INFER_CONTRACT = {
 )
 async def infer(request: Request, name: str, version: str | None) -> Response:
     engine = engine_of(request)
-    model = _model(request, name, version)
     body = await read_body(request, engine.settings.max_body_bytes, (JSON, BINARY))
     json_length = header_length(request.headers.get(HEADER_LENGTH), len(body))
-    parsed, sequences, steps = await off_loop(_decode, body, json_length, model, engine)
-    known = model.info.layout.output_names
-    wanted = parsed.outputs or dict.fromkeys(known, parsed.binary_by_default)
-    check_outputs(model, wanted)
-    timeouts = [t for t in (request_timeout_ms(request), parsed.timeout_ms) if t is not None]
-    deadline = engine.deadline(min(timeouts, default=None))
-    answers = await unless_client_leaves(request, engine.infer(model, sequences, deadline))
-    tensors = stack_outputs(model, answers, list(wanted), steps)
+    decoded = await off_loop(decode_request, body, json_length, name, version)
+    work = kserve.infer(engine, decoded.request, request_id(request), [request_timeout_ms(request)])
+    answer, tensors = await unless_client_leaves(request, work)
+    model = answer.model
     header: dict[str, Any] = {"model_name": model.name, "model_version": str(model.info.version)}
-    if parsed.id is not None:
-        header["id"] = parsed.id
-    content, json_length = encode_response(header, tensors, wanted)
+    if decoded.request.id is not None:
+        header["id"] = decoded.request.id
+    binary = decoded.binary_outputs or dict.fromkeys(tensors, decoded.binary_by_default)
+    content, json_length = encode_response(header, tensors, binary)
     if json_length is None:
         return Response(content, media_type="application/json")
     return Response(

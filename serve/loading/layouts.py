@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import functools
 
+from serve.core.layout import Input, InputRole, Layout, Tensor
+from serve.core.model import SequenceRules
 from serve.errors import ConfigError
-from serve.layout import Input, InputRole, Layout, Tensor
 from serve.loading.axes import Axes, probe_outputs, probe_shapes
 from serve.loading.check import Run, random_sequences
 from serve.loading.repository import ModelSpec
 from serve.loading.signature import GraphTensor
-from serve.model import SequenceRules
 
 
 def _tensor(graph: GraphTensor, axes: Axes) -> Tensor:

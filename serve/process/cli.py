@@ -14,17 +14,17 @@ from typing import Any
 from serve.errors import ConfigError
 from serve.settings import Settings, env_name, parse_value
 
-log = logging.getLogger("serve.cli")
+log = logging.getLogger("serve.process.cli")
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from serve import server
+    from serve.process import server
 
     overrides = {f.name: getattr(args, f.name) for f in fields(Settings)}
     return server.run(Settings.from_env(**overrides))
 
 
-# The KServe v2 health routes (serve/http/kserve.py); the container probes use these.
+# The KServe v2 health routes (serve/edges/http/kserve_routes.py); the container probes use these.
 PROBE_PATHS = {"ready": "/v2/health/ready", "live": "/v2/health/live"}
 
 

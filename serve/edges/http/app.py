@@ -1,4 +1,4 @@
-"""The FastAPI application factory: wiring only. Routes live in `serve.http`.
+"""The FastAPI application factory: wiring only. Routes live in `serve.edges.http`.
 
 `create_app(settings, engine=None)`: with an engine (tests, the CLI), the app serves it; with
 none, the engine is loaded at startup from `settings.models`.
@@ -16,11 +16,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import PlainTextResponse
 from starlette.exceptions import HTTPException
 
-from serve.engine import Engine
+from serve.core.engine import Engine
+from serve.edges.http import contract, kserve_routes, predict
+from serve.edges.http.common import SERVER_VERSION, ClientGone, error_response, json_response
+from serve.edges.http.context import RequestContext
 from serve.errors import BucketserveError, InvalidInput, ModelNotReady, error_form
-from serve.http import contract, kserve, predict
-from serve.http.common import SERVER_VERSION, ClientGone, error_response, json_response
-from serve.http.context import RequestContext
 from serve.loading import load_engine
 from serve.logs import Throttled
 from serve.metrics import Metrics
@@ -31,19 +31,21 @@ log = logging.getLogger(__name__)
 CLIENT_CLOSED = 499  # nginx's code for "client closed the request"; never actually delivered
 
 
-def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
-    metrics = Metrics()
+def create_app(
+    settings: Settings, engine: Engine | None = None, metrics: Metrics | None = None
+) -> FastAPI:
+    metrics = metrics or Metrics()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         served = engine if engine is not None else await asyncio.to_thread(load_engine, settings)
-        served.start(metrics)
-        app.state.engine = served
-        try:
+        if served.started:  # (run by the server process)
+            app.state.engine = served
             yield
-        finally:
-            await served.drain()
-            await served.stop()
+            return
+        async with served.running(metrics):
+            app.state.engine = served
+            yield
 
     app = FastAPI(
         title="bucketserve",
@@ -56,7 +58,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     app.state.engine = None
     app.state.metrics = metrics
     app.include_router(predict.router)
-    app.include_router(kserve.router)
+    app.include_router(kserve_routes.router)
     if engine is not None:
         versions = [str(model.info.version) for model in engine.models.values()]
         contract.name_models(app, [*engine.models, *engine.failed], versions)

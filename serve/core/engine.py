@@ -1,26 +1,29 @@
-"""The engine: the ready models of a repository, each with its scheduler. It wires; it does
-not count.
+"""The engine: the ready models of a repository, each with its scheduler, and the one entrance
+every edge uses, `infer(call)`.
 
 Built from models that `serve.loading` made ready (or fakes, in tests); it never loads anything.
-The HTTP layer talks to this object alone: `model(name)` to validate at the edge, `infer(...)`
-to hand validated sequences to the model's scheduler (which admits or refuses them), `drain()`
-on SIGTERM. Without a running event loop it is also the Python API (`model(name).predict`).
+A call is decided here, in this order: which model and version; the outputs asked for; how many
+sequences (too many, or more than the queue can take now, is refused before anything is
+decoded); the sequences, validated (tokenised, for texts); the request's token budget; its
+deadline; then the model's scheduler admits them and answers. `drain()` on SIGTERM. Without a
+running event loop it is also the Python API (`model(name).predict`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 
 import numpy as np
 
+from serve.core.calls import Answer, Call
+from serve.core.model import Model
+from serve.core.scheduler import Scheduler
 from serve.errors import InvalidInput, ModelNotFound, ModelNotReady
-from serve.layout import Outputs
 from serve.metrics import Metrics
-from serve.model import Model
-from serve.scheduler import Scheduler
 from serve.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -47,17 +50,23 @@ class Engine:
         self.draining = False
         self._tasks: list[asyncio.Task[None]] = []
 
-    def model(self, name: str | None = None) -> Model:
+    def model(self, name: str | None = None, version: str | None = None) -> Model:
+        """The model served under `name` (the default when None), at `version` if one is named."""
         name = name or self.default_model
         if name is None:
             raise ModelNotFound("no model named, and the repository has no default model")
         if name in self.failed:  # (a retry finds it failed until the server restarts)
             raise ModelNotReady(f"model {name} did not load: {self.failed[name]}", retry_after_s=60)
         try:
-            return self.models[name]
+            model = self.models[name]
         except KeyError:
             shown = name if len(name) <= 64 else name[:64] + "..."
             raise ModelNotFound(f"unknown model {shown!r} (have {sorted(self.models)})") from None
+        if version and version != str(model.info.version):
+            raise ModelNotFound(
+                f"model {model.name} has no version {version[:32]!r} (serving {model.info.version})"
+            )
+        return model
 
     # -- serving (inside an event loop) --------------------------------------------------
 
@@ -81,6 +90,21 @@ class Engine:
         for name in self.failed:
             metrics.model_failed(name)
 
+    @property
+    def started(self) -> bool:
+        return bool(self.schedulers)
+
+    @contextlib.asynccontextmanager
+    async def running(self, metrics: Metrics) -> AsyncIterator[None]:
+        """Schedulers running inside the block; at its end, everything admitted is answered
+        (the drain), then they stop."""
+        self.start(metrics)
+        try:
+            yield
+        finally:
+            await self.drain()
+            await self.stop()
+
     async def stop(self) -> None:
         for task in self._tasks:
             task.cancel()
@@ -102,15 +126,22 @@ class Engine:
                 f"the request holds {tokens} tokens, more than the limit of {limit} per request"
             )
 
-    def refuse_now(self, model: Model, count: int) -> None:
-        """503 at once for a request the model's scheduler could not take now."""
-        self.schedulers[model.name].refuse_now(count)
-
-    async def infer(
-        self, model: Model, sequences: Sequence[np.ndarray], deadline: float
-    ) -> list[Outputs]:
-        """The model's scheduler admits the validated sequences (or refuses them) and answers."""
-        return await self.schedulers[model.name].infer(sequences, deadline)
+    async def infer(self, call: Call) -> Answer:
+        """Decide and run one request, in the order of the module docstring."""
+        model = self.model(call.model, call.version)
+        wanted = wanted_outputs(model, call.outputs)
+        scheduler = self.schedulers[model.name]
+        count = call.inputs.count(model)
+        if count > self.settings.max_sequences:
+            raise InvalidInput(f"too many sequences: {count} > {self.settings.max_sequences}")
+        scheduler.refuse_now(count)  # (a text is not tokenised only to be refused)
+        if call.inputs.heavy:
+            sequences = await asyncio.to_thread(call.inputs.sequences, model)
+        else:
+            sequences = call.inputs.sequences(model)
+        self.within_token_budget(sequences)
+        outputs = await scheduler.infer(sequences, self.deadline(call.timeout_ms))
+        return Answer(model, [{name: out[name] for name in wanted} for out in outputs])
 
     async def drain(self) -> bool:
         """Refuse new work, wait until everything admitted is answered; False on timeout.
@@ -134,3 +165,15 @@ class Engine:
                 sum(s.answered for s in self.schedulers.values()),
             )
         return True
+
+
+def wanted_outputs(model: Model, names: Sequence[str] | None) -> list[str]:
+    """The outputs to send back, each once: all of them by default. Asking for fewer saves
+    encoding and bytes (a per-token hidden state is hundreds of floats per token)."""
+    known = model.info.layout.output_names
+    if names is None:
+        return known
+    unknown = [n[:64] for n in names if n not in known]
+    if unknown:
+        raise InvalidInput(f"model {model.name} has no output(s) {unknown}; it has {known}")
+    return list(dict.fromkeys(names))

@@ -1,7 +1,7 @@
 """KServe v2 over gRPC: `GRPCInferenceService` on the engine that HTTP serves, on its own port.
 
 `ModelInfer` takes the steps of HTTP's v2 infer: tensors (raw contents, or typed contents
-checked to fit their datatype) -> `serve.v2` rows -> the engine's token budget, deadline,
+checked to fit their datatype) -> `serve.edges.kserve` rows -> the engine's token budget, deadline,
 admission and scheduler -> output tensors as raw contents (as Triton sends them). A request's
 deadline is the sooner of its gRPC deadline and Triton's `timeout` parameter (microseconds),
 never later than the server's. Errors carry the status codes Triton's clients expect; a bug
@@ -13,36 +13,28 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from importlib.metadata import version
 from typing import Any
 
 import grpc
 import numpy as np
 
-from serve.engine import Engine
+from serve.core.engine import Engine
+from serve.core.model import Model
+from serve.edges import kserve
+from serve.edges.grpc.messages import MESSAGE_CLASSES, METHODS, SERVICE
+from serve.edges.kserve import DATATYPE_OF, DATATYPES, V2Request, WireTensor, metadata
 from serve.errors import (
     BucketserveError,
     InvalidInput,
     MalformedRequest,
     ModelNotReady,
 )
-from serve.grpc.protocol import MESSAGE_CLASSES, METHODS, SERVICE
 from serve.metrics import Metrics
-from serve.model import Model
 from serve.settings import Settings
-from serve.v2 import (
-    DATATYPE_OF,
-    DATATYPES,
-    check_outputs,
-    fitted,
-    metadata,
-    of_version,
-    sequences_from_tensors,
-    stack_outputs,
-)
 
 log = logging.getLogger(__name__)
 
@@ -74,46 +66,41 @@ Message = Any  # the classes of `protocol` are made at run time
 Handler = Callable[[Message, grpc.aio.ServicerContext], Awaitable[Message]]
 
 
-def decode_inputs(request: Message) -> dict[str, np.ndarray]:
-    """The request's input tensors as arrays; every raw byte accounted for."""
+def decode_request(request: Message) -> V2Request:
+    """The request's input tensors as sent, each raw or in its typed contents."""
     raw = request.raw_input_contents
     if raw and len(raw) != len(request.inputs):
         raise MalformedRequest(
             f"{len(raw)} raw_input_contents for {len(request.inputs)} inputs: send every input "
             "raw, or none"
         )
-    inputs: dict[str, np.ndarray] = {}
+    inputs = []
     for index, tensor in enumerate(request.inputs):
-        name, datatype, shape = tensor.name, tensor.datatype, list(tensor.shape)
-        if name in inputs:
-            raise MalformedRequest(f"input {name} given twice")
-        if datatype not in DATATYPES:
-            raise InvalidInput(
-                f"input {name}: datatype {datatype!r} is not supported "
-                f"(use one of {sorted(DATATYPES)})"
-            )
-        if any(d < 0 for d in shape):
-            raise MalformedRequest(f"input {name}: shape {shape} has a negative dimension")
-        dtype, count = DATATYPES[datatype], math.prod(shape)
+        wire = WireTensor(tensor.name, tensor.datatype, tuple(tensor.shape))
         if raw:
             if tensor.HasField("contents"):
-                raise MalformedRequest(f"input {name}: both contents and raw_input_contents")
-            data = raw[index]
-            if len(data) != count * dtype.itemsize:
-                raise MalformedRequest(
-                    f"input {name}: {len(data)} raw bytes for shape {shape} of {datatype} "
-                    f"({count * dtype.itemsize} bytes)"
-                )
-            inputs[name] = np.frombuffer(data, dtype.newbyteorder("<")).reshape(shape)
+                raise MalformedRequest(f"input {tensor.name}: both contents and raw_input_contents")
+            inputs.append(replace(wire, raw=raw[index]))
             continue
-        field = CONTENTS.get(datatype)
-        if field is None:
-            raise InvalidInput(f"input {name}: {datatype} travels as raw_input_contents only")
-        values = np.asarray(getattr(tensor.contents, field))
-        if values.size != count:
-            raise MalformedRequest(f"input {name}: {values.size} values for shape {shape}")
-        inputs[name] = fitted(values, dtype, name, datatype).reshape(shape)
-    return inputs
+        field = CONTENTS.get(tensor.datatype)
+        if field is None and tensor.datatype in DATATYPES:
+            raise InvalidInput(
+                f"input {tensor.name}: {tensor.datatype} travels as raw_input_contents only"
+            )
+        values = getattr(tensor.contents, field) if field is not None else None
+        inputs.append(replace(wire, values=values))
+    wanted = tuple(out.name for out in request.outputs) or None
+    timeout_ms = None
+    if "timeout" in request.parameters:  # Triton's: microseconds
+        timeout_ms = request.parameters["timeout"].int64_param / 1000
+    return V2Request(
+        request.model_name,
+        request.model_version or None,
+        tuple(inputs),
+        wanted,
+        request.id or None,
+        timeout_ms,
+    )
 
 
 class InferenceService:
@@ -129,7 +116,7 @@ class InferenceService:
         return not self.engine.draining
 
     def _model(self, name: str, version: str) -> Model:
-        return of_version(self.engine.model(name or None), version)
+        return self.engine.model(name or None, version or None)
 
     async def ServerLive(self, request: Message, context: grpc.aio.ServicerContext) -> Message:  # noqa: N802
         return self.messages["ServerLiveResponse"](live=True)
@@ -160,23 +147,14 @@ class InferenceService:
         )
 
     async def ModelInfer(self, request: Message, context: grpc.aio.ServicerContext) -> Message:  # noqa: N802
-        engine = self.engine
-        model = self._model(request.model_name, request.model_version)
         if request.ByteSize() > OFF_LOOP_BYTES:
-            sequences, steps = await asyncio.to_thread(self._sequences, request, model)
+            decoded = await asyncio.to_thread(decode_request, request)
         else:
-            sequences, steps = self._sequences(request, model)
-        wanted = [out.name for out in request.outputs] or list(model.info.layout.output_names)
-        check_outputs(model, wanted)
-        timeouts = []
+            decoded = decode_request(request)
         remaining = context.time_remaining()
-        if remaining is not None:
-            timeouts.append(remaining * 1000)
-        if "timeout" in request.parameters:  # Triton's: microseconds
-            timeouts.append(request.parameters["timeout"].int64_param / 1000)
-        deadline = engine.deadline(min(timeouts, default=None))
-        answers = await engine.infer(model, sequences, deadline)
-        tensors = stack_outputs(model, answers, wanted, steps)
+        deadline_ms = None if remaining is None else remaining * 1000
+        answer, tensors = await kserve.infer(self.engine, decoded, request.id, [deadline_ms])
+        model = answer.model
         response = self.messages["ModelInferResponse"](
             model_name=model.name, model_version=str(model.info.version), id=request.id
         )
@@ -185,12 +163,6 @@ class InferenceService:
             little = np.ascontiguousarray(array, array.dtype.newbyteorder("<"))
             response.raw_output_contents.append(little.tobytes())
         return response
-
-    def _sequences(self, request: Message, model: Model) -> tuple[list[np.ndarray], int]:
-        inputs = decode_inputs(request)
-        sequences, steps = sequences_from_tensors(model, inputs, self.engine.settings.max_sequences)
-        self.engine.within_token_budget(sequences)
-        return sequences, steps
 
     def _answered(self, method: str, handler: Handler) -> Handler:
         """`handler` with its errors turned into status codes, and its metrics kept."""

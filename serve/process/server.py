@@ -1,5 +1,6 @@
-"""The server process: uvicorn running the app over guarded connections, and a drain on SIGTERM
-that never resets a connection under a client.
+"""The server process: the engine and the metrics, the HTTP app over guarded connections
+(uvicorn) and, when asked for, gRPC beside it, both serving the engine as peers; and a drain on
+SIGTERM that never resets a connection under a client.
 
 SIGTERM: readiness turns false and the listener closes (a new connect is refused); every
 response from then on says `Connection: close`, so a client learns to leave between requests;
@@ -21,11 +22,12 @@ from typing import Protocol
 import uvicorn
 
 from serve import logs
-from serve.app import create_app
-from serve.connections import Limits, guarded_protocol
-from serve.engine import Engine
+from serve.core.engine import Engine
+from serve.edges.http.app import create_app
+from serve.edges.http.connections import Limits, guarded_protocol
 from serve.errors import ConfigError
 from serve.loading import load_engine
+from serve.metrics import Metrics
 from serve.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -47,11 +49,13 @@ class DrainingServer(uvicorn.Server):
         self,
         config: uvicorn.Config,
         engine: Engine,
+        metrics: Metrics,
         drain_timeout_s: float,
         companions: Sequence[Companion] = (),
     ) -> None:
         super().__init__(config)
         self.engine = engine
+        self.metrics = metrics
         self.drain_timeout_s = drain_timeout_s
         self.companions = list(companions)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -60,11 +64,12 @@ class DrainingServer(uvicorn.Server):
 
     async def serve(self, sockets: list[object] | None = None) -> None:  # type: ignore[override]
         self._loop = asyncio.get_running_loop()
-        await super().serve(sockets)  # type: ignore[arg-type]
+        async with self.engine.running(self.metrics):  # HTTP and gRPC serve it as peers
+            await super().serve(sockets)  # type: ignore[arg-type]
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
-        if not self.should_exit:  # (the app is up: the engine runs its schedulers)
+        if not self.should_exit:
             for companion in self.companions:
                 await companion.start()
 
@@ -116,15 +121,16 @@ class DrainingServer(uvicorn.Server):
 def run(settings: Settings) -> int:
     logs.configure(settings.log_level, settings.log_json)
     engine = load_engine(settings)
+    metrics = Metrics()
     limits = Limits(settings.header_timeout_s, settings.body_timeout_s, settings.max_connections)
-    app = create_app(settings, engine)
+    app = create_app(settings, engine, metrics)
     companions: list[Companion] = []
     if settings.grpc_port is not None:
         try:
-            from serve.grpc import GrpcServer
+            from serve.edges.grpc import GrpcServer
         except ImportError as exc:
             raise ConfigError(f"--grpc-port needs the grpc extra ({exc})") from None
-        companions.append(GrpcServer(engine, app.state.metrics, settings))
+        companions.append(GrpcServer(engine, metrics, settings))
     config = uvicorn.Config(
         app,
         host=settings.host,
@@ -133,7 +139,7 @@ def run(settings: Settings) -> int:
         access_log=False,
         timeout_keep_alive=settings.keep_alive_s,
     )
-    server = DrainingServer(config, engine, settings.drain_timeout_s, companions)
+    server = DrainingServer(config, engine, metrics, settings.drain_timeout_s, companions)
     config.http = guarded_protocol(limits, server.connection_closed)
     log.info("serving %s on http://%s:%d", ", ".join(engine.models), settings.host, settings.port)
     server.run()

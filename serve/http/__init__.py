@@ -1,1 +1,0 @@
-"""The HTTP edge: decode and validate requests, hand them to the engine, encode responses."""
