@@ -7,11 +7,27 @@ in `error_form`; over gRPC with the status code Triton's clients expect for it.
 
 from __future__ import annotations
 
+MAX_MESSAGE_CHARS = 500  # what a client is told: enough to say what is wrong, never an echo
+
+
+def quoted(text: object, limit: int = 64) -> str:
+    """A client's string as a message shows it: quoted, and cut to `limit` characters (a
+    20,000-character tensor name must not become a 20,000-character answer)."""
+    shown = str(text)
+    return repr(shown if len(shown) <= limit else shown[:limit] + "...")
+
+
+def brief(message: str) -> str:
+    """A message as a client receives it, over any protocol: at most MAX_MESSAGE_CHARS."""
+    if len(message) <= MAX_MESSAGE_CHARS:
+        return message
+    return message[: MAX_MESSAGE_CHARS - 3] + "..."
+
 
 def error_form(code: str, message: str) -> dict[str, dict[str, str]]:
     """The one body every error answer has, whoever sends it (a route, the app, a connection
     the application never sees)."""
-    return {"error": {"code": code, "message": message}}
+    return {"error": {"code": code, "message": brief(message)}}
 
 
 class BucketserveError(Exception):

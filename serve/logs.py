@@ -1,12 +1,17 @@
-"""Logging setup: text for people, or JSON lines for log pipelines (`--log-json`); and a
-throttle for what can repeat thousands of times a minute."""
+"""Logging setup: text for people, or JSON lines for log pipelines (`--log-json`); a throttle
+for what can repeat thousands of times a minute; and request ids, which every edge gives its
+requests."""
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import time
+import uuid
 from collections.abc import Callable
+
+_SAFE_ID = re.compile(r"^[A-Za-z0-9._:/=+-]{1,128}$")
 
 
 class JsonLines(logging.Formatter):
@@ -33,6 +38,12 @@ def configure(level: str = "info", as_json: bool = False) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+
+
+def request_id(given: str | None) -> str:
+    """A request's id, for its log lines and its answers: the client's own when it is safe to
+    repeat (a short token: nothing a log line could be forged with), else a new one."""
+    return given if given and _SAFE_ID.match(given) else uuid.uuid4().hex
 
 
 class Throttled:

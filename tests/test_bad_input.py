@@ -271,8 +271,8 @@ CASES: list[Case] = [
         "/v2/models/tiny-encoder/infer",
         v2([ids([1, 1], ["a"], dtype="BYTES")]),
         {},
-        422,
-        "invalid_input",
+        400,  # the schema's datatypes are an enum
+        "malformed",
     ),
     (
         "v2-count-mismatch",
@@ -280,8 +280,8 @@ CASES: list[Case] = [
         "/v2/models/tiny-encoder/infer",
         v2([ids([2, 3], [1, 2])]),
         {},
-        400,
-        "malformed",
+        422,  # a body the schema allows, but its data do not fill its shape
+        "invalid_input",
     ),
     (
         "v2-no-inputs",
@@ -366,8 +366,8 @@ CASES: list[Case] = [
         "/v2/models/tiny-encoder/infer",
         SHORT_BINARY[0],
         SHORT_BINARY[1],
-        400,
-        "malformed",
+        422,
+        "invalid_input",
     ),
     (
         "v2-header-length-past-body",
@@ -496,7 +496,7 @@ CASES += [
                         "name": "input_ids",
                         "shape": [1, 1],
                         "datatype": "INT64",
-                        "parameters": {"binary_data_size": 8.0},
+                        "parameters": {"binary_data_size": 8.5},
                     }
                 ]
             ),
@@ -594,7 +594,11 @@ CASES += [
         400,
         "malformed",
     ),
-    case("v2-timeout-zero", INFER, v2([ONE_ID], parameters={"timeout": 0}), 400, "malformed"),
+    case("v2-timeout-negative", INFER, v2([ONE_ID], parameters={"timeout": -1}), 400, "malformed"),
+    case(
+        "v2-timeout-a-fraction", INFER, v2([ONE_ID], parameters={"timeout": 1.5}), 400, "malformed"
+    ),
+    case("v2-timeout-a-bool", INFER, v2([ONE_ID], parameters={"timeout": True}), 400, "malformed"),
     case(
         "v2-timeout-a-string", INFER, v2([ONE_ID], parameters={"timeout": "1s"}), 400, "malformed"
     ),
@@ -630,8 +634,8 @@ CASES += [
         "v2-data-and-binary-both",
         INFER,
         v2([{**ONE_ID, "parameters": {"binary_data_size": 8}}]),
-        400,
-        "malformed",
+        422,
+        "invalid_input",
     ),
     case(
         "v2-binary-size-negative",
@@ -659,7 +663,25 @@ CASES += [
     case("v2-inputs-not-a-list", INFER, {"inputs": {"name": "input_ids"}}, 400, "malformed"),
     case("v2-inputs-empty", INFER, {"inputs": []}, 400, "malformed"),
     case("v2-body-an-array", INFER, [ONE_ID], 400, "malformed"),
-    case("v2-unknown-datatype", INFER, v2([ids([1, 1], [1], dtype="BF16")]), 422, "invalid_input"),
+    case("v2-unknown-datatype", INFER, v2([ids([1, 1], [1], dtype="BF16")]), 400, "malformed"),
+    case("v2-empty-datatype", INFER, v2([ids([1, 1], [1], dtype="")]), 400, "malformed"),
+    case(
+        "v2-zero-next-to-huge-dims",
+        INFER,
+        v2([ids([4294967296, 4294967296, 0], [])]),
+        422,
+        "invalid_input",
+    ),
+    case("v2-zero-rows", INFER, v2([ids([0, 4294967296], [])]), 422, "invalid_input"),
+    case("v2-zero-steps", INFER, v2([ids([4294967296, 0], [])]), 422, "invalid_input"),
+    case("v2-rank-past-the-model", INFER, v2([ids([1] * 8, [1])]), 422, "invalid_input"),
+    case(
+        "v2-long-input-name",
+        INFER,
+        v2([{**ONE_ID, "name": "x" * 256}]),
+        422,
+        "invalid_input",
+    ),
     case(
         "v2-boolean-ids",
         INFER,
@@ -822,3 +844,21 @@ async def test_messages_say_what_is_wrong(
     response = await client.post("/predict", json=body)
     assert response.status_code == 422
     assert says in response.json()["error"]["message"]
+
+
+@module_loop
+@pytest.mark.parametrize(
+    "body",
+    [
+        v2([{**ONE_ID, "shape": [1.0, 1.0]}]),  # 1.0 is an integer in JSON Schema's eyes
+        v2([ONE_ID], parameters={"timeout": 0}),  # Triton's default: no timeout of its own
+        v2([ONE_ID], parameters={"timeout": 30_000_000.0, "priority": 2.0}),
+    ],
+    ids=["integral-float-shape", "timeout-zero", "integral-float-parameters"],
+)
+async def test_a_body_the_schema_allows_is_answered(
+    client: httpx.AsyncClient, body: dict[str, Any]
+) -> None:
+    response = await client.post(INFER, json=body)
+    assert response.status_code == 200, response.text
+    assert response.json()["model_name"] == "tiny-encoder"

@@ -15,9 +15,9 @@ the first pad id in the row; otherwise T.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
 import numpy as np
 
@@ -25,9 +25,13 @@ from serve.core.calls import OFF_LOOP_BYTES, Answer, Call
 from serve.core.engine import Engine
 from serve.core.layout import Input, InputRole, Tensor
 from serve.core.model import Model
-from serve.errors import InvalidInput, MalformedRequest
+from serve.errors import InvalidInput, MalformedRequest, quoted
 
 LENGTHS_INPUT = "sequence_lengths"  # each row's length, for models without a mask or lengths
+Datatype = Literal[
+    "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP16",
+    "FP32", "FP64",
+]  # fmt: skip
 DATATYPES: dict[str, np.dtype] = {
     name: np.dtype(t)
     for name, t in {
@@ -46,6 +50,22 @@ DATATYPES: dict[str, np.dtype] = {
     }.items()
 }
 DATATYPE_OF = {dtype: name for name, dtype in DATATYPES.items()}
+assert set(DATATYPES) == set(get_args(Datatype))
+
+
+class Unsigned(int):
+    """An integer a protocol sent as unsigned (gRPC's `uint64_param`, which `tritonclient`
+    sends `priority` as): not an int64, so not a `timeout`."""
+
+
+# Triton's request parameters, with the types it reads them as: `timeout` in microseconds (an
+# int64; 0, its default: none of the request's own), `priority` (accepted; every request is
+# equal here), `binary_data_output` (HTTP: outputs as binary unless named otherwise).
+PARAMETERS: dict[str, tuple[type, ...]] = {
+    "timeout": (int,),
+    "priority": (int, Unsigned),
+    "binary_data_output": (bool,),
+}
 CLIENT_INPUTS = (  # what a client sends; states and the like are the server's to fill
     InputRole.TOKENS,
     InputRole.FEATURES,
@@ -68,7 +88,7 @@ class WireTensor:
 
     @property
     def wire_bytes(self) -> int:
-        return len(self.raw) if self.raw is not None else 8 * math.prod(self.shape)
+        return len(self.raw) if self.raw is not None else 8 * max(0, math.prod(self.shape))
 
 
 @dataclass(frozen=True)
@@ -105,34 +125,65 @@ def fitted(values: np.ndarray, dtype: np.dtype, name: str, datatype: str) -> np.
     return converted
 
 
-def tensor_array(wire: WireTensor) -> np.ndarray:
-    """The tensor as an array, every check made once for both protocols: a datatype we take,
-    a shape without negative sizes, as many bytes or values as the shape holds, values that
-    fit the datatype."""
-    name, datatype, shape = wire.name, wire.datatype, list(wire.shape)
+def _shape_text(shape: Sequence[int]) -> str:
+    return str(list(shape)) if len(shape) <= 8 else f"of rank {len(shape)}"
+
+
+def tensor_array(wire: WireTensor, expected: Tensor | None) -> np.ndarray:
+    """The tensor as an array, every check made once for both protocols and before anything
+    is reshaped: a datatype we take; a shape of the rank and fixed sizes of the model's input
+    (`expected`; None: a rank-1 lengths input); not empty; as many bytes or values as the
+    shape holds; values that fit the datatype."""
+    name, datatype, shape = quoted(wire.name), wire.datatype, wire.shape
     if datatype not in DATATYPES:
         raise InvalidInput(
-            f"input {name}: datatype {datatype!r} is not supported (use one of {sorted(DATATYPES)})"
+            f"input {name}: datatype {quoted(datatype, 16)} is not supported "
+            f"(use one of {', '.join(DATATYPES)})"
         )
-    if any(d < 0 for d in shape):
-        raise MalformedRequest(f"input {name}: shape {shape} has a negative dimension")
+    dims = (None,) if expected is None else expected.dims
+    if len(shape) != len(dims) or any(
+        s < 0 or d not in (None, s) for s, d in zip(shape, dims, strict=True)
+    ):
+        wanted = ["n" if d is None else d for d in dims]
+        raise InvalidInput(
+            f"input {name}: expected a shape like {wanted}, got {_shape_text(shape)}"
+        )
     dtype, count = DATATYPES[datatype], math.prod(shape)
+    if count == 0:
+        raise InvalidInput(f"input {name}: empty (shape {list(shape)})")
     if wire.raw is not None:
         if len(wire.raw) != count * dtype.itemsize:
-            raise MalformedRequest(
-                f"input {name}: {len(wire.raw)} raw bytes for shape {shape} of {datatype} "
+            raise InvalidInput(
+                f"input {name}: {len(wire.raw)} raw bytes for shape {list(shape)} of {datatype} "
                 f"({count * dtype.itemsize} bytes)"
             )
         return np.frombuffer(wire.raw, dtype.newbyteorder("<")).reshape(shape)
-    if wire.values is None:
-        raise MalformedRequest(f"input {name}: no values")
     try:
         values = np.asarray(wire.values)
     except (ValueError, TypeError):
-        raise MalformedRequest(f"input {name}: 'data' is not a rectangular array") from None
+        raise InvalidInput(f"input {name}: 'data' is not a rectangular array") from None
     if values.size != count:
-        raise MalformedRequest(f"input {name}: {values.size} values for shape {shape}")
+        raise InvalidInput(f"input {name}: {values.size} values for shape {list(shape)}")
     return fitted(values, dtype, name, datatype).reshape(shape)
+
+
+def timeout_ms(parameters: Mapping[str, object]) -> float | None:
+    """The request's own deadline from Triton's parameters, each checked to be one we know,
+    of a type Triton reads it as (a bool is not an int64, nor a double, nor a uint64)."""
+    for key, value in parameters.items():
+        kinds = PARAMETERS.get(key)
+        if kinds is None:
+            raise MalformedRequest(
+                f"parameter {quoted(key)} is not supported (use {', '.join(PARAMETERS)})"
+            )
+        if type(value) not in kinds:
+            raise MalformedRequest(
+                f"parameter {key}: expected {'a bool' if bool in kinds else 'an int64'}"
+            )
+        if isinstance(value, int) and not isinstance(value, bool) and value < 0:
+            raise MalformedRequest(f"parameter {key}: expected 0 or more")
+    timeout = parameters.get("timeout")
+    return timeout / 1000 if isinstance(timeout, int) and timeout else None
 
 
 def _integers(given: np.ndarray, name: str, rows: int) -> np.ndarray:
@@ -208,7 +259,7 @@ class TensorInputs:
         by_name: dict[str, WireTensor] = {}
         for wire in self.tensors:
             if wire.name in by_name:
-                raise MalformedRequest(f"input {wire.name} given twice")
+                raise InvalidInput(f"input {quoted(wire.name)} given twice")
             by_name[wire.name] = wire
         object.__setattr__(self, "_by_name", by_name)
 
@@ -225,41 +276,43 @@ class TensorInputs:
         wire = self._by_name.get(tensor.name)
         if wire is None or len(wire.shape) != len(tensor.dims):
             return 0
-        return wire.shape[tensor.batch_axis if axis == 0 else (tensor.time_axis or 0)]
+        return max(0, wire.shape[tensor.batch_axis if axis == 0 else (tensor.time_axis or 0)])
 
     @property
     def heavy(self) -> bool:
         return sum(wire.wire_bytes for wire in self.tensors) >= OFF_LOOP_BYTES
 
     def sequences(self, model: Model) -> list[np.ndarray]:
-        roles = {i.tensor.name: i.role for i in model.info.layout.inputs}
-        inputs: dict[str, np.ndarray] = {}
-        for wire in self.tensors:
-            inputs[wire.name] = tensor_array(wire)
-        for name in inputs:
-            if name not in roles and name != LENGTHS_INPUT:
-                raise InvalidInput(f"model {model.name} has no input {name}")
-            if roles.get(name) is InputRole.STATE:
-                raise InvalidInput(f"input {name} is a state the server fills; do not send it")
-            if roles.get(name) is InputRole.TOKEN_TYPES and inputs[name].any():
-                raise InvalidInput(f"input {name}: only token type 0 is supported")
+        inputs = {
+            wire.name: tensor_array(wire, _expected(model, wire.name)) for wire in self.tensors
+        }
+        for inp in model.info.layout.inputs:
+            given = inputs.get(inp.tensor.name)
+            if inp.role is InputRole.TOKEN_TYPES and given is not None and given.any():
+                raise InvalidInput(f"input {inp.tensor.name}: only token type 0 is supported")
         sequence = model.info.layout.sequence
         name = sequence.tensor.name
         if name not in inputs:
             raise InvalidInput(f"missing input {name}")
-        rank = len(sequence.tensor.dims)
-        if inputs[name].ndim != rank:
-            raise InvalidInput(
-                f"input {name}: expected rank {rank}, got shape {list(inputs[name].shape)}"
-            )
         tensor = sequence.tensor.to_batch_major(inputs[name])
         rows, steps = tensor.shape[:2]
-        if rows == 0 or steps == 0:
-            raise InvalidInput(f"input {name}: empty")
         lengths = row_lengths(model, inputs, tensor)
         if lengths.min() < 1 or lengths.max() > steps:
             raise InvalidInput(f"row lengths must lie in 1..{steps}")
         return [model.validate(tensor[i, : lengths[i]], i) for i in range(rows)]
+
+
+def _expected(model: Model, name: str) -> Tensor | None:
+    """The model input a tensor of this name is sent for (None: `sequence_lengths`), or
+    InvalidInput when the client has no business sending it."""
+    if name == LENGTHS_INPUT:
+        return None
+    inp = next((i for i in model.info.layout.inputs if i.tensor.name == name), None)
+    if inp is None:
+        raise InvalidInput(f"model {model.name} has no input {quoted(name)}")
+    if inp.role is InputRole.STATE:
+        raise InvalidInput(f"input {name} is a state the server fills; do not send it")
+    return inp.tensor
 
 
 def output_tensors(answer: Answer, steps: int) -> dict[str, np.ndarray]:

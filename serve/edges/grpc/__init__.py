@@ -1,5 +1,6 @@
-"""KServe v2 over gRPC (the `grpc` extra): the wire in `messages`, the methods in `service`."""
+"""KServe v2 over gRPC (the `grpc` extra): the wire in `messages`, requests decoded by
+`decoding`, the methods in `service`, the port in `listener`."""
 
-from serve.edges.grpc.service import GrpcServer
+from serve.edges.grpc.listener import GrpcServer
 
 __all__ = ["GrpcServer"]

@@ -63,8 +63,7 @@ MESSAGES: dict[str, list[tuple[str, int, str]]] = {
         ("inputs", 4, "repeated ModelMetadataResponse.TensorMetadata"),
         ("outputs", 5, "repeated ModelMetadataResponse.TensorMetadata"),
     ],
-    # (a oneof in the protocol; as plain fields, the wire is the same)
-    "InferParameter": [
+    "InferParameter": [  # every field in the oneof `parameter_choice` (ONEOFS)
         ("bool_param", 1, "bool"),
         ("int64_param", 2, "int64"),
         ("string_param", 3, "string"),
@@ -105,6 +104,8 @@ MESSAGES: dict[str, list[tuple[str, int, str]]] = {
         ("raw_output_contents", 6, "repeated bytes"),
     ],
 }
+# message -> the oneof its fields all belong to: which one was sent is the parameter's type
+ONEOFS = {"InferParameter": "parameter_choice"}
 # method -> (request, response)
 METHODS = {
     name: (f"{name}Request", f"{name}Response")
@@ -151,6 +152,10 @@ def _file() -> descriptor_pb2.FileDescriptorProto:
     for path, fields in MESSAGES.items():
         for name, number, kind in fields:
             _add_field(declared[path], path, name, number, kind)
+        if path in ONEOFS:
+            declared[path].oneof_decl.add(name=ONEOFS[path])
+            for field in declared[path].field:
+                field.oneof_index = 0
     return file
 
 

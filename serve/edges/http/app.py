@@ -61,7 +61,8 @@ def create_app(
     app.include_router(kserve_routes.router)
     if engine is not None:
         versions = [str(model.info.version) for model in engine.models.values()]
-        contract.name_models(app, [*engine.models, *engine.failed], versions)
+        names = [*engine.models, *engine.failed]
+        contract.describe_server(app, names, versions, engine.settings.max_sequences)
     if settings.docs:
         contract.serve_docs(app)
 

@@ -44,7 +44,8 @@ LENGTH_PARAMETER = {
     "in": "header",
     "required": False,
     "schema": {"type": "integer", "minimum": 0},
-    "description": "binary tensors: the JSON header's length; its tensors follow it",
+    "description": "binary tensors (a body that is not application/json): the JSON header's "
+    "length, its tensors after it; a body sent as application/json is JSON whole",
 }
 
 
@@ -62,12 +63,17 @@ def request_id(request: Request) -> str:
     return str(getattr(request.state, "request_id", ""))
 
 
+def media_type(request: Request) -> str:
+    """The body's media type, lower-case and without parameters ("" when none is given)."""
+    return request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+
+
 async def read_body(request: Request, limit: int, media_types: Sequence[str] = (JSON,)) -> bytes:
     """The whole body, refused with 413 as soon as it passes `limit` bytes, and with 415 when
     it says it is of a type the route does not take (a form or text/plain is what a web page
     can make a browser send to a server on localhost). A client that leaves mid-upload is
     `ClientGone`, not an error."""
-    media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    media = media_type(request)
     if media and media not in media_types:
         raise UnsupportedMediaType(f"Content-Type {media[:64]!r}: send {' or '.join(media_types)}")
     declared = request.headers.get("content-length")

@@ -8,18 +8,16 @@ watch it for the client's disconnect.
 
 from __future__ import annotations
 
-import re
 import time
-import uuid
 from collections.abc import Callable
 
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from serve.logs import request_id as new_request_id
 from serve.metrics import Metrics
 
 REQUEST_ID = "x-request-id"
-_SAFE_ID = re.compile(r"^[A-Za-z0-9._:/=+-]{1,128}$")
 
 
 class RequestContext:
@@ -33,7 +31,7 @@ class RequestContext:
             await self.app(scope, receive, send)
             return
         given = dict(scope["headers"]).get(REQUEST_ID.encode(), b"").decode("latin-1")
-        request_id = given if _SAFE_ID.match(given) else uuid.uuid4().hex
+        request_id = new_request_id(given)
         scope.setdefault("state", {})["request_id"] = request_id
         start = time.perf_counter()
         status = 500

@@ -21,10 +21,14 @@ from serve.errors import ConfigError
 ASSETS = ("swagger-ui-bundle.js", "swagger-ui.css")
 
 
-def name_models(app: FastAPI, names: Iterable[str], versions: Iterable[str]) -> None:
-    """The document's `{name}` and `{version}` path parameters enumerate the repository's
-    models and the versions it serves."""
+def describe_server(
+    app: FastAPI, names: Iterable[str], versions: Iterable[str], max_sequences: int
+) -> None:
+    """The document as this server takes requests: model names (the `{name}` path parameter,
+    /predict's `model`) and `{version}`s are the repository's, and /predict takes at most
+    `max_sequences` items."""
     known = {"name": sorted(set(names)), "version": sorted(set(versions))}
+    models = {"type": "string", "enum": known["name"]}
     document = app.openapi
 
     def openapi() -> dict[str, Any]:
@@ -36,6 +40,13 @@ def name_models(app: FastAPI, names: Iterable[str], versions: Iterable[str]) -> 
                         values = known.get(param["name"]) if param["in"] == "path" else None
                         if values:
                             param["schema"] = {"type": "string", "enum": values}
+            body = schema["paths"]["/predict"]["post"]["requestBody"]["content"]
+            for form in body["application/json"]["schema"]["oneOf"]:
+                fields = form["properties"]
+                fields["model"] = {**fields["model"], "anyOf": [models, {"type": "null"}]}
+                for field in ("sequences", "text"):
+                    if field in fields:
+                        fields[field]["maxItems"] = max_sequences
             app.openapi_schema = schema
         return app.openapi_schema
 

@@ -15,8 +15,8 @@ import orjson
 
 from serve.edges.http.common import parse_json
 from serve.edges.http.schemas import InferRequest, InputTensor, validate
-from serve.edges.kserve import DATATYPE_OF, V2Request, WireTensor
-from serve.errors import MalformedRequest
+from serve.edges.kserve import DATATYPE_OF, V2Request, WireTensor, timeout_ms
+from serve.errors import InvalidInput, MalformedRequest
 
 
 @dataclass(frozen=True)
@@ -32,14 +32,12 @@ def _wire(spec: InputTensor, binary: memoryview, offset: int) -> tuple[WireTenso
     wire = WireTensor(spec.name, spec.datatype, tuple(spec.shape), values=spec.data)
     if size is None:
         if spec.data is None:
-            raise MalformedRequest(
-                f"input {spec.name}: needs 'data' or parameters.binary_data_size"
-            )
+            raise InvalidInput(f"input {spec.name}: needs 'data' or parameters.binary_data_size")
         return wire, offset
     if spec.data is not None:
-        raise MalformedRequest(f"input {spec.name}: send 'data' or binary_data_size, not both")
+        raise InvalidInput(f"input {spec.name}: send 'data' or binary_data_size, not both")
     if offset + size > len(binary):
-        raise MalformedRequest(
+        raise InvalidInput(
             f"input {spec.name}: binary_data_size {size} runs past the end of the body"
         )
     return replace(wire, raw=binary[offset : offset + size]), offset + size
@@ -76,9 +74,9 @@ def decode_request(
     for out in request.outputs or ():
         chosen = out.parameters.binary_data if out.parameters is not None else None
         binary_outputs[out.name] = binary_default if chosen is None else chosen
-    timeout_ms = params.timeout / 1000 if params and params.timeout is not None else None
+    timeout = timeout_ms(params.model_dump(exclude_none=True) if params else {})
     names = tuple(binary_outputs) if request.outputs is not None else None
-    decoded = V2Request(model, version, tuple(inputs), names, request.id, timeout_ms)
+    decoded = V2Request(model, version, tuple(inputs), names, request.id, timeout)
     return Decoded(decoded, binary_outputs, binary_default)
 
 

@@ -21,6 +21,7 @@ from serve.edges.http.common import (
     TIMEOUT_PARAMETER,
     engine_of,
     json_response,
+    media_type,
     off_loop,
     read_body,
     request_id,
@@ -212,7 +213,8 @@ INFER_CONTRACT = {
 async def infer(request: Request, name: str, version: str | None) -> Response:
     engine = engine_of(request)
     body = await read_body(request, engine.settings.max_body_bytes, (JSON, BINARY))
-    json_length = header_length(request.headers.get(HEADER_LENGTH), len(body))
+    binary = media_type(request) != JSON  # (a JSON body is JSON whole, whatever a header says)
+    json_length = header_length(request.headers.get(HEADER_LENGTH), len(body)) if binary else None
     decoded = await off_loop(decode_request, body, json_length, name, version)
     work = kserve.infer(engine, decoded.request, request_id(request), [request_timeout_ms(request)])
     answer, tensors = await unless_client_leaves(request, work)
@@ -220,8 +222,8 @@ async def infer(request: Request, name: str, version: str | None) -> Response:
     header: dict[str, Any] = {"model_name": model.name, "model_version": str(model.info.version)}
     if decoded.request.id is not None:
         header["id"] = decoded.request.id
-    binary = decoded.binary_outputs or dict.fromkeys(tensors, decoded.binary_by_default)
-    content, json_length = encode_response(header, tensors, binary)
+    as_binary = decoded.binary_outputs or dict.fromkeys(tensors, decoded.binary_by_default)
+    content, json_length = encode_response(header, tensors, as_binary)
     if json_length is None:
         return Response(content, media_type="application/json")
     return Response(

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Request, Response
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from serve.core.calls import Call, Inputs, Sequences, Texts
 from serve.edges.http.common import (
@@ -20,7 +20,7 @@ from serve.edges.http.common import (
     request_timeout_ms,
     unless_client_leaves,
 )
-from serve.edges.http.schemas import errors
+from serve.edges.http.schemas import errors, inlined
 from serve.errors import InvalidInput, MalformedRequest
 
 router = APIRouter()
@@ -28,17 +28,31 @@ router = APIRouter()
 FIELDS = {"model", "sequences", "text", "outputs"}
 
 
-class PredictRequest(BaseModel):
-    """Documented shape of the body (parsing is done by hand, for speed and exact error codes)."""
+class _PredictBody(BaseModel):
+    """The documented shape of a body, in one of two forms (parsing is done by hand, for speed
+    and exact error codes; `contract` adds the server's own limits)."""
 
+    model_config = ConfigDict(extra="forbid")
     model: str | None = Field(None, description="may be omitted when the repository has a default")
-    sequences: list[list[Any]] | None = Field(
-        None, description="token id lists, or lists of per-step feature vectors (time first)"
-    )
-    text: list[str] | None = Field(None, description="for models whose config names a tokenizer")
     outputs: list[str] | None = Field(
-        None, description="names of the outputs to return (default: all of the model's outputs)"
+        None,
+        min_length=1,
+        description="names of the outputs to return (default: all of the model's outputs)",
     )
+
+
+class SequencesBody(_PredictBody):
+    sequences: list[Annotated[list[Any], Field(min_length=1)]] = Field(
+        min_length=1,
+        description="token id lists, or lists of per-step feature vectors (time first)",
+    )
+
+
+class TextBody(_PredictBody):
+    text: list[str] = Field(min_length=1, description="for models whose config names a tokenizer")
+
+
+PREDICT_BODY = {"oneOf": [inlined(SequencesBody), inlined(TextBody)]}  # exactly one of the two
 
 
 class PredictResponse(BaseModel):
@@ -87,7 +101,7 @@ def parse_predict(raw: bytes) -> tuple[str | None, Inputs, tuple[str, ...] | Non
     openapi_extra={
         "requestBody": {
             "required": True,
-            "content": {JSON: {"schema": PredictRequest.model_json_schema()}},
+            "content": {JSON: {"schema": PREDICT_BODY}},
         },
         "parameters": [TIMEOUT_PARAMETER],
     },

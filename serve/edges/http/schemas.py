@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
+from serve.edges.kserve import Datatype
 from serve.errors import MalformedRequest
 
 NAME = Field(min_length=1, max_length=256)
@@ -26,7 +27,7 @@ def validate(schema: type[_Strict], body: Any, where: str) -> Any:
         return schema.model_validate(body)
     except ValidationError as exc:
         problems = "; ".join(
-            f"{'.'.join(str(p) for p in error['loc']) or where}: {error['msg']}"
+            f"{'.'.join(str(p)[:32] for p in error['loc']) or where}: {error['msg']}"
             for error in exc.errors()[:3]
         )
         raise MalformedRequest(f"{where}: {problems}") from None
@@ -49,16 +50,25 @@ class ErrorBody(BaseModel):
 # -- KServe v2 ------------------------------------------------------------------------------
 
 
+def _integral(value: Any) -> Any:
+    """A JSON number with no fraction is an integer, as JSON Schema says (2.0 is 2): accepted
+    where an integer goes. Any other float is left for the strict check to refuse."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+Count = Annotated[int, Field(ge=0), BeforeValidator(_integral)]
+
+
 class TensorParameters(_Strict):
-    binary_data_size: int | None = Field(
-        None, ge=0, description="the tensor's bytes follow the JSON header, in order"
+    binary_data_size: Count | None = Field(
+        None, description="the tensor's bytes follow the JSON header, in order"
     )
 
 
 class InputTensor(_Strict):
     name: str = NAME
-    shape: list[Annotated[int, Field(ge=0)]] = Field(max_length=8)
-    datatype: str = Field(description="BOOL, UINT8..64, INT8..64, FP16, FP32 or FP64")
+    shape: list[Count] = Field(max_length=8)
+    datatype: Datatype
     parameters: TensorParameters | None = None
     data: list[Any] | None = Field(None, description="row-major values, flat or nested")
 
@@ -73,11 +83,15 @@ class RequestedOutput(_Strict):
 
 
 class RequestParameters(_Strict):
+    """Triton's request parameters (`serve.edges.kserve.PARAMETERS`)."""
+
     binary_data_output: bool | None = Field(None, description="every output as binary")
-    timeout: int | None = Field(
-        None, ge=1, description="microseconds (Triton's): shortens the request's deadline"
+    timeout: Count | None = Field(
+        None,
+        description="microseconds (Triton's): shortens the request's deadline; 0 (Triton's "
+        "default) sets none of its own",
     )
-    priority: int | None = Field(None, description="accepted and ignored")
+    priority: Count | None = Field(None, description="accepted and ignored")
 
 
 class InferRequest(_Strict):

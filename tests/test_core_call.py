@@ -1,0 +1,95 @@
+"""The core call is the only way an edge reaches the engine: /predict, KServe v2 over HTTP and
+KServe v2 over gRPC, sent the same sequences, hand the core the same call; and the import
+contracts keep any edge from reaching past it (tests/test_layering.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from loadtest.process import free_port
+from serve.core.calls import Answer, Call
+from serve.core.engine import Engine
+from serve.metrics import Metrics
+from serve.settings import Settings
+from tests.fakes import fake_model
+from tests.helpers import padded, serving
+
+grpc = pytest.importorskip("grpc")
+service_pb2 = pytest.importorskip("tritonclient.grpc.service_pb2")
+
+SEQUENCES = [[5, 9, 2], [7, 1]]
+TIMEOUT_MS = 5000
+
+
+class RecordingEngine(Engine):
+    """The real engine, which writes down every call an edge makes before answering it."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.calls: list[tuple[Any, ...]] = []
+
+    async def infer(self, call: Call) -> Answer:
+        model = self.model(call.model, call.version)
+        sequences = [s.tolist() for s in call.inputs.sequences(model)]
+        self.calls.append((call.model, call.version, call.outputs, call.timeout_ms, sequences))
+        return await super().infer(call)
+
+
+def v2_inputs() -> list[dict[str, Any]]:
+    ids, mask = padded(SEQUENCES)
+    return [
+        {"name": name, "shape": list(a.shape), "datatype": "INT64", "data": a.ravel().tolist()}
+        for name, a in (("ids", ids), ("mask", mask))
+    ]
+
+
+def grpc_request() -> bytes:
+    ids, mask = padded(SEQUENCES)
+    message = service_pb2.ModelInferRequest(model_name="fake")
+    for name, array in (("ids", ids), ("mask", mask)):
+        message.inputs.add(name=name, datatype="INT64", shape=list(array.shape))
+        message.raw_input_contents.append(array.tobytes())
+    message.outputs.add(name="total")
+    message.parameters["timeout"].int64_param = TIMEOUT_MS * 1000  # microseconds
+    return bytes(message.SerializeToString())
+
+
+async def test_every_edge_makes_the_same_call_for_the_same_sequences() -> None:
+    from serve.edges.grpc import GrpcServer
+
+    model, _ = fake_model()
+    port = free_port()
+    settings = Settings(grpc_port=port)
+    engine = RecordingEngine({model.name: model}, model.name, settings)
+    async with serving(engine) as client:
+        grpc_server = GrpcServer(engine, Metrics(), settings)
+        await grpc_server.start()
+        try:
+            predicted = await client.post(
+                "/predict",
+                json={"model": "fake", "sequences": SEQUENCES, "outputs": ["total"]},
+                headers={"X-Request-Timeout-Ms": str(TIMEOUT_MS)},
+            )
+            inferred = await client.post(
+                "/v2/models/fake/infer",
+                json={
+                    "inputs": v2_inputs(),
+                    "outputs": [{"name": "total"}],
+                    "parameters": {"timeout": TIMEOUT_MS * 1000},
+                },
+            )
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                method = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+                answer = service_pb2.ModelInferResponse.FromString(await method(grpc_request()))
+        finally:
+            await grpc_server.stop(0)
+
+    expected = ("fake", None, ("total",), TIMEOUT_MS, SEQUENCES)
+    assert engine.calls == [expected] * 3
+    totals = [sum(s) for s in SEQUENCES]
+    assert [o["total"] for o in predicted.json()["outputs"]] == totals
+    assert inferred.json()["outputs"][0]["data"] == totals
+    assert np.frombuffer(answer.raw_output_contents[0], np.int64).tolist() == totals
