@@ -59,7 +59,16 @@ class Throttled:
         self._logger, self._every, self._clock = logger, every, clock
         self._last: dict[str, tuple[float, int]] = {}  # kind -> (when said, held back since)
 
-    def log(self, level: int, kind: str, message: str, *args: object) -> None:
+    def log(
+        self,
+        level: int,
+        kind: str,
+        message: str,
+        *args: object,
+        exc_info: BaseException | None = None,
+    ) -> None:
+        """`message % args` (and `exc_info`'s traceback), unless one of this kind was said
+        less than `every` seconds ago."""
         now = self._clock()
         said, held = self._last.get(kind, (-self._every, 0))
         if now - said < self._every:
@@ -67,5 +76,5 @@ class Throttled:
             return
         if held:
             message += f" (and {held} more like it in the last {now - said:.0f} s)"
-        self._logger.log(level, message, *args)
+        self._logger.log(level, message, *args, exc_info=exc_info)
         self._last[kind] = (now, 0)

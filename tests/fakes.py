@@ -39,6 +39,7 @@ class FakeExecutor:
         self.gate = threading.Event()  # batches wait here while it is clear
         self.gate.set()
         self.entered = threading.Event()  # set once a batch has started
+        self.failure: Exception | None = None  # raised by every batch while set
         self._bound: set[BucketKey] = set()
 
     @property
@@ -70,6 +71,8 @@ class FakeExecutor:
         self.entered.set()
         if not self.gate.wait(timeout=30):
             raise TimeoutError("test gate never opened")
+        if self.failure is not None:
+            raise self.failure
         return {"doubled": ids * 2, "total": (ids * mask).sum(axis=1)}
 
 

@@ -147,3 +147,38 @@ async def test_docs_are_off_unless_asked_for_and_then_need_no_cdn() -> None:
         assert script.status_code == style.status_code == 200
         assert script.headers["content-type"].startswith("text/javascript")
         assert len(script.content) > 100_000
+
+
+RUNTIME_TEXT = "[ONNXRuntimeError] : 2 : INVALID_ARGUMENT : Got invalid dimensions for input: mask"
+
+
+async def test_a_failing_batch_is_logged_once_and_its_clients_see_no_runtime_text(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    model, executor = fake_model()
+    executor.failure = RuntimeError(RUNTIME_TEXT)
+    engine = Engine({model.name: model}, model.name, Settings())
+    with caplog.at_level(logging.INFO):
+        async with serving(engine) as client:
+            failed = await client.post(
+                "/predict", json={"sequences": [[1, 2]]}, headers={"X-Request-Id": "req-7"}
+            )
+            again = await client.post(
+                "/predict", json={"sequences": [[3]]}, headers={"X-Request-Id": "req-8"}
+            )
+            executor.failure = None
+            fine = await client.post("/predict", json={"sequences": [[4, 5]]})
+    assert failed.status_code == again.status_code == 500
+    error = failed.json()["error"]
+    assert error["code"] == "inference_failed"
+    assert "req-7" in error["message"]
+    assert "ONNXRuntime" not in failed.text
+    assert "INVALID_ARGUMENT" not in failed.text
+    assert fine.status_code == 200  # the model serves on
+    # the traceback, with the runtime's words and the request it failed, logged once
+    said = [r for r in caplog.records if r.name == "serve.core.scheduler"]
+    assert len(said) == 1
+    assert said[0].levelno == logging.ERROR
+    assert "req-7" in said[0].getMessage()
+    assert said[0].exc_info is not None
+    assert RUNTIME_TEXT in str(said[0].exc_info[1])

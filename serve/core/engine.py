@@ -140,7 +140,7 @@ class Engine:
         else:
             sequences = call.inputs.sequences(model)
         self.within_token_budget(sequences)
-        outputs = await scheduler.infer(sequences, self.deadline(call.timeout_ms))
+        outputs = await scheduler.infer(sequences, self.deadline(call.timeout_ms), call.request_id)
         return Answer(model, [{name: out[name] for name in wanted} for out in outputs])
 
     async def drain(self) -> bool:

@@ -28,6 +28,7 @@ class Pending:
     future: asyncio.Future[Outputs]
     enqueued: float
     deadline: float
+    request_id: str = ""  # whose sequence it is, for the log
 
 
 @dataclass

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -30,6 +31,9 @@ from serve.core.bucketing import BucketKey, BucketPlan
 from serve.core.layout import Outputs
 from serve.core.queues import BucketQueues, Pending
 from serve.errors import DeadlineExceeded, InferenceFailed, Unavailable
+from serve.logs import Throttled
+
+log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
 
@@ -102,6 +106,7 @@ class Scheduler:
         self._free = asyncio.Semaphore(instances)
         self._running: set[asyncio.Task[None]] = set()
         self._worker = ThreadPoolExecutor(instances, thread_name_prefix=f"run-{model.name}")
+        self._failures = Throttled(log)
 
     @property
     def depth(self) -> int:
@@ -126,7 +131,7 @@ class Scheduler:
             )
 
     def admit(
-        self, sequences: Sequence[np.ndarray], deadline: float
+        self, sequences: Sequence[np.ndarray], deadline: float, request_id: str = ""
     ) -> list[asyncio.Future[Outputs]]:
         """Let a request's validated sequences in, each into its bucket, or refuse the request
         whole. One future per sequence, in order."""
@@ -141,7 +146,8 @@ class Scheduler:
         futures: list[asyncio.Future[Outputs]] = []
         for seq in sequences:
             future: asyncio.Future[Outputs] = loop.create_future()
-            self.queues.add(self.model.plan.key_for(len(seq)), Pending(seq, future, now, deadline))
+            pending = Pending(seq, future, now, deadline, request_id)
+            self.queues.add(self.model.plan.key_for(len(seq)), pending)
             futures.append(future)
         self.admitted += 1
         self._observer.queue_depth(name, self.depth)
@@ -149,9 +155,11 @@ class Scheduler:
         self._settled.clear()
         return futures
 
-    async def infer(self, sequences: Sequence[np.ndarray], deadline: float) -> list[Outputs]:
+    async def infer(
+        self, sequences: Sequence[np.ndarray], deadline: float, request_id: str = ""
+    ) -> list[Outputs]:
         """Admit the sequences and wait for their outputs, in order, until the deadline."""
-        futures = self.admit(sequences, deadline)
+        futures = self.admit(sequences, deadline, request_id)
         self._in_flight += 1
         try:
             # asyncio.wait, not wait_for(gather(...)): cancelling a gather under wait_for leaves
@@ -246,9 +254,25 @@ class Scheduler:
                 self._worker, self.model.run_batch, key, sequences, alone
             )
         except Exception as exc:  # a failing batch fails its own requests, nothing else
-            for item in items:
+            ids = sorted({item.request_id for item in items})
+            self._failures.log(
+                logging.ERROR,
+                "batch",
+                "model %s: a batch of %d sequences (%s) failed, for requests %s",
+                self.model.name,
+                len(items),
+                key,
+                ", ".join(ids),
+                exc_info=exc,
+            )
+            for item in items:  # (the runtime's own words stay in the log: they are no API)
                 if not item.future.done():
-                    item.future.set_exception(InferenceFailed(f"inference failed: {exc}"))
+                    item.future.set_exception(
+                        InferenceFailed(
+                            f"inference failed on the server; its log says why, under request "
+                            f"id {item.request_id}"
+                        )
+                    )
         else:
             for item, out in zip(items, outputs, strict=True):
                 if not item.future.done():
