@@ -67,6 +67,13 @@ class PayloadTooLarge(BucketserveError):
     code = "payload_too_large"
 
 
+class UriTooLong(BucketserveError):
+    """A request line past what a connection may buffer."""
+
+    status = 414
+    code = "uri_too_long"
+
+
 class HeadersTooLarge(BucketserveError):
     """A request's head (request line and headers) past what a connection may buffer."""
 

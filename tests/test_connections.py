@@ -1,8 +1,10 @@
-"""Connections to a real server process: slow and silent clients are cut off by the timeouts,
-a head past its limit answers 431, pipelined requests are answered in order, the connection
-cap answers 503, a malformed request line gets the JSON error form, and SIGTERM
-under 32 keep-alive clients drains without a single reset and exits 0, however slow an upload
-or however many times the signal comes."""
+"""Connections to a real server process, over raw sockets: slow and silent clients are cut off
+by the timeouts; HTTP/1.1 as its RFCs say (an upgrade ignored, pipelined requests answered in
+order whatever follows them, exactly one valid Host, a head past its limit 431 and a request
+line 414 however split, a body past the limit answered 413 that a plain client reads); the
+connection cap answers 503, a malformed request gets the JSON error form, and SIGTERM under 32
+keep-alive clients drains without a single reset and exits 0, however slow an upload or
+however many times the signal comes."""
 
 from __future__ import annotations
 
@@ -12,8 +14,11 @@ import signal
 import socket
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -113,33 +118,141 @@ def test_a_head_past_the_limit_gets_431_and_one_within_it_is_served(models: Path
     assert 'status="500"' not in metrics
 
 
-def test_pipelined_requests_are_answered_in_order(models: Path) -> None:
-    def request(tokens: list[int]) -> bytes:
-        body = json.dumps({"sequences": [tokens]}).encode()
-        return (
-            b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            + b"Content-Length: "
-            + str(len(body)).encode()
-            + b"\r\n\r\n"
-            + body
-        )
+def predict_request(tokens: list[int], head: bytes = b"Host: x\r\n") -> bytes:
+    """A raw POST /predict of one sequence; `head`: the header lines besides the body's."""
+    body = json.dumps({"sequences": [tokens]}).encode()
+    return (
+        b"POST /predict HTTP/1.1\r\n"
+        + head
+        + b"Content-Type: application/json\r\nContent-Length: "
+        + str(len(body)).encode()
+        + b"\r\n\r\n"
+        + body
+    )
 
+
+def answers(sock: socket.socket, count: int) -> list[tuple[int, dict[str, Any]]]:
+    """The next `count` answers on the connection: (status, JSON body)."""
+    read = []
+    with sock.makefile("rb") as stream:
+        for _ in range(count):
+            status = int(stream.readline().split()[1])
+            length = 0
+            while (line := stream.readline()) != b"\r\n":
+                name, _, value = line.decode().partition(":")
+                if name.lower() == "content-length":
+                    length = int(value)
+            read.append((status, json.loads(stream.read(length))))
+    return read
+
+
+def test_pipelined_requests_are_answered_in_order(models: Path) -> None:
     sequences = [[1, 2, 3], [4, 5], [6, 7, 8, 9]]
     with server_process(models) as (_, url, _log):
         alone = [httpx.post(f"{url}/predict", json={"sequences": [s]}).json() for s in sequences]
+        with connect(url) as sock:
+            sock.sendall(b"".join(predict_request(s) for s in sequences))  # one write, three
+            answered = answers(sock, 3)
+    assert [status for status, _ in answered] == [200] * 3
+    assert [a["outputs"] for _, a in answered] == [a["outputs"] for a in alone]
+
+
+def test_an_upgrade_is_ignored_and_the_request_served_with_its_body(models: Path) -> None:
+    """Java's HttpClient asks for h2c on every request: RFC 9110 lets a server ignore it, so the
+    POST is served with its body, and a request pipelined behind it too."""
+    h2c = b"Host: x\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n"
+    h2c += b"HTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n"
+    with server_process(models) as (_, url, _log):
+        alone = [
+            httpx.post(f"{url}/predict", json={"sequences": [s]}).json() for s in ([3, 4], [5])
+        ]
+        with connect(url) as sock:
+            sock.sendall(predict_request([3, 4], h2c) + predict_request([5]))
+            answered = answers(sock, 2)
+    assert [status for status, _ in answered] == [200, 200]
+    assert [a["outputs"] for _, a in answered] == [a["outputs"] for a in alone]
+
+
+def test_garbage_after_a_good_request_is_answered_after_it_then_closed(models: Path) -> None:
+    """Good, garbage and good in one write: 200 for the first, 400 for the garbage, and a
+    clean close (no reset) that leaves the third unanswered."""
+    with server_process(models) as (_, url, _log):
         sock = connect(url)
-        sock.sendall(b"".join(request(s) for s in sequences))  # one write, three requests
-        answers = []
-        with sock, sock.makefile("rb") as stream:
-            for _ in sequences:
-                assert stream.readline().startswith(b"HTTP/1.1 200")
-                length = 0
-                while (line := stream.readline()) != b"\r\n":
-                    name, _, value = line.decode().partition(":")
-                    if name.lower() == "content-length":
-                        length = int(value)
-                answers.append(json.loads(stream.read(length)))
-    assert [a["outputs"] for a in answers] == [a["outputs"] for a in alone]
+        sock.sendall(predict_request([1, 2]) + b"GARBAGE\r\n\r\n" + predict_request([3]))
+        _, received = closed_at(sock)  # (a reset would raise)
+    statuses = re.findall(rb"HTTP/1.1 (\d{3})", received)
+    assert statuses == [b"200", b"400"], received[:300]
+    assert b'"code":"malformed"' in received
+
+
+@pytest.mark.parametrize(
+    ("head", "status"),
+    [
+        (b"", 400),  # no Host
+        (b"Host: a\r\nHost: b\r\n", 400),  # two
+        (b"Host: a b\r\n", 400),  # not a host
+        (b"Host: [::1]:8000\r\n", 200),
+        (b"Host: \r\n", 200),  # empty: a target without an authority (RFC 9112 3.2)
+    ],
+    ids=["missing", "twice", "invalid", "ip-literal", "empty"],
+)
+def test_a_request_needs_exactly_one_valid_host(models: Path, head: bytes, status: int) -> None:
+    with server_process(models) as (_, url, _log), connect(url) as sock:
+        sock.sendall(predict_request([1, 2], head))
+        ((answered, body),) = answers(sock, 1)
+    assert answered == status, body
+    if status == 400:
+        assert body["error"]["code"] == "malformed"
+
+
+def test_an_http_1_0_request_may_have_no_host(models: Path) -> None:
+    with server_process(models) as (_, url, _log), connect(url) as sock:
+        sock.sendall(predict_request([1, 2], b"").replace(b"HTTP/1.1", b"HTTP/1.0", 1))
+        ((status, _),) = answers(sock, 1)
+    assert status == 200
+
+
+@pytest.mark.parametrize("reads", [1, 3, 40], ids=["one-read", "three-reads", "forty-reads"])
+@pytest.mark.parametrize(
+    ("where", "status", "code"),
+    [("headers", 431, "headers_too_large"), ("url", 414, "uri_too_long")],
+)
+def test_a_head_past_its_limit_is_refused_however_it_is_split(
+    models: Path, reads: int, where: str, status: int, code: str
+) -> None:
+    big = b"a" * (MAX_HEAD_BYTES + 100)
+    if where == "url":
+        request = b"GET /v2/health/live?" + big + b" HTTP/1.1\r\nHost: x\r\n\r\n"
+    else:
+        request = b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\nX-Pad: " + big + b"\r\n\r\n"
+    with server_process(models) as (_, url, _log):
+        sock = connect(url)
+        size = -(-len(request) // reads)
+        for start in range(0, len(request), size):
+            try:
+                sock.sendall(request[start : start + size])
+            except OSError:
+                break  # refused before the client was done: the answer is still there
+            time.sleep(0.01)
+        _, received = closed_at(sock)
+    head, _, body = received.partition(b"\r\n\r\n")
+    assert head.startswith(f"HTTP/1.1 {status}".encode()), head
+    assert json.loads(body)["error"]["code"] == code
+
+
+def test_a_plain_client_sending_a_body_past_the_limit_reads_its_413(models: Path) -> None:
+    """urllib sends all 9 MiB (and Connection: close) before it reads: the server answers
+    413 at the first bytes, then reads and drops the rest (a lingering close) instead of
+    resetting the connection under the client."""
+    body = b'{"sequences": [[' + b"1," * (9 * 2**19) + b"1]]}"
+    with server_process(models) as (_, url, _log):
+        request = urllib.request.Request(
+            f"{url}/predict", data=body, headers={"Content-Type": "application/json"}
+        )
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=30)
+    assert refused.value.code == 413
+    assert json.loads(refused.value.read())["error"]["code"] == "payload_too_large"
 
 
 def test_past_the_connection_cap_a_request_gets_503(models: Path) -> None:

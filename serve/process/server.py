@@ -138,6 +138,7 @@ def run(settings: Settings) -> int:
         log_config=None,
         access_log=False,
         timeout_keep_alive=settings.keep_alive_s,
+        ws="none",  # no upgrade is honoured: a request that asks for one is served as HTTP/1.1
     )
     server = DrainingServer(config, engine, metrics, settings.drain_timeout_s, companions)
     config.http = guarded_protocol(limits, server.connection_closed)
