@@ -61,6 +61,16 @@ def tmp_models(tmp_path: Path) -> Path:
     return root
 
 
+# Tests that need the real minilm export belong to the full tier, whatever their module.
+FULL_TIER_FIXTURES = {"minilm_spec", "bundled_specs"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if FULL_TIER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
 def pytest_configure() -> None:
     # The weights cache (models with inline weights are written out there) in a folder of the
     # suite's own, never the user's: server processes the tests start inherit it.

@@ -1,8 +1,9 @@
-"""A model without ONNX Runtime or files: a real `Model` (validation, collate, split, bucket
-plan) whose executor computes in numpy, records every batch, and can hold batches at a gate.
+"""The one fake of the model seam: a real `Model` (validation, collate, split, bucket plan)
+over a runner that computes in numpy instead of ONNX Runtime, records every batch, holds
+batches at a gate, counts how many run at once and fails on demand.
 
-The engine is built from ready models, so HTTP, admission and batching tests can hand it this
-one and run in milliseconds.
+The engine is built from ready models, so the scheduler, admission, edge and protocol tests
+hand it this one and run in milliseconds.
 """
 
 from __future__ import annotations
@@ -35,11 +36,16 @@ class FakeExecutor:
     strategy = "fake"
 
     def __init__(self) -> None:
-        self.batches: list[tuple[BucketKey, list[int]]] = []
+        self.batches: list[tuple[BucketKey, list[int]]] = []  # each batch's key, row lengths
+        self.first_ids: list[list[int]] = []  # each batch's rows, by their first id
         self.gate = threading.Event()  # batches wait here while it is clear
         self.gate.set()
         self.entered = threading.Event()  # set once a batch has started
-        self.failure: Exception | None = None  # raised by every batch while set
+        self.failure: Exception | None = None  # raised by a batch while set,
+        self.fail_on: int | None = None  # or only by one with a row that starts with this id
+        self.running = 0  # batches inside `run` now
+        self.most_at_once = 0
+        self._lock = threading.Lock()
         self._bound: set[BucketKey] = set()
 
     @property
@@ -67,13 +73,22 @@ class FakeExecutor:
         ids, mask = feeds["ids"], feeds["mask"]
         assert ids.shape == mask.shape == (rows, length)
         self.prepare(key)  # bound on first use, like the real executors
-        self.batches.append((key, [int(n) for n in mask.sum(axis=1)]))
-        self.entered.set()
-        if not self.gate.wait(timeout=30):
-            raise TimeoutError("test gate never opened")
-        if self.failure is not None:
-            raise self.failure
-        return {"doubled": ids * 2, "total": (ids * mask).sum(axis=1)}
+        firsts = [int(i) for i in ids[:, 0]]
+        with self._lock:
+            self.batches.append((key, [int(n) for n in mask.sum(axis=1)]))
+            self.first_ids.append(firsts)
+            self.running += 1
+            self.most_at_once = max(self.most_at_once, self.running)
+        try:
+            self.entered.set()
+            if not self.gate.wait(timeout=30):
+                raise TimeoutError("test gate never opened")
+            if self.failure is not None and self.fail_on in (None, *firsts):
+                raise self.failure
+            return {"doubled": ids * 2, "total": (ids * mask).sum(axis=1)}
+        finally:
+            with self._lock:
+                self.running -= 1
 
 
 def fake_model(
@@ -81,11 +96,12 @@ def fake_model(
     *,
     edges: tuple[int, ...] = (8, 16, 32, 64, 128),
     max_batch_size: int = 8,
+    max_batch_tokens: int | None = None,
     queue_capacity: int = 2048,
     max_queue_delay_ms: float = 0,
 ) -> tuple[Model, FakeExecutor]:
     """A ready model over `FakeExecutor`, and the executor (to read or gate its batches)."""
-    plan = BucketPlan(edges, max_batch_size, max_batch_tokens=max_batch_size * edges[-1])
+    plan = BucketPlan(edges, max_batch_size, max_batch_tokens or max_batch_size * edges[-1])
     info = ModelInfo(
         name=name,
         version=1,

@@ -6,7 +6,6 @@ import contextlib
 import functools
 import shutil
 import subprocess
-import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -92,28 +91,6 @@ buckets = {buckets}
 max_batch_size = {max_batch_size}
 max_batch_tokens = {max_batch_tokens}
 """
-
-
-class BatchLog:
-    """Wraps a model's `run_batch`: records every batch and can hold batches at a gate."""
-
-    def __init__(self, run_batch: Any) -> None:
-        self._run_batch = run_batch
-        self.batches: list[tuple[Any, list[int]]] = []
-        self.gate = threading.Event()
-        self.gate.set()
-        self.entered = threading.Event()
-
-    def __call__(self, key: Any, sequences: list[np.ndarray], alone: bool = False) -> Any:
-        self.batches.append((key, [len(s) for s in sequences]))
-        self.entered.set()
-        if not self.gate.wait(timeout=30):
-            raise TimeoutError("test gate never opened")
-        return self._run_batch(key, sequences, alone)
-
-    @property
-    def sequences(self) -> int:
-        return sum(len(lengths) for _, lengths in self.batches)
 
 
 @contextlib.asynccontextmanager

@@ -16,6 +16,8 @@ from loadtest.lengths import LengthDistribution
 from serve.loading import ModelSpec
 from tests.helpers import ROOT
 
+pytestmark = pytest.mark.slow  # the full tier: real server processes
+
 pytest.importorskip("matplotlib")
 
 

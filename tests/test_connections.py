@@ -26,6 +26,8 @@ import pytest
 from serve.edges.http.connections import MAX_HEAD_BYTES
 from tests.helpers import copy_bundled, server_process
 
+pytestmark = pytest.mark.slow  # the full tier: real server processes
+
 TIMEOUTS = ("--header-timeout-s", "1", "--body-timeout-s", "2")
 
 

@@ -132,6 +132,7 @@ def test_image_steps_serve_minilm_from_fresh_environments(tmp_path: Path) -> Non
     assert "served minilm from the image's steps (HTTP, gRPC)" in smoke.stderr
 
 
+@pytest.mark.slow
 def test_probe_command_reports_health(tmp_models: Path) -> None:
     def probe(what: str, port: int) -> int:
         return subprocess.run(

@@ -31,6 +31,8 @@ from schemathesis.checks import (
 from tests.helpers import MODELS, copy_bundled, server_process
 from tests.zoo import add_to
 
+pytestmark = pytest.mark.slow  # the full tier: real server processes
+
 JSON = "application/json"
 EXAMPLES = 100  # at most, per operation and mode (23 runs); well under a minute here
 OPERATIONS = [

@@ -19,6 +19,8 @@ import pytest
 from loadtest.process import free_port
 from tests.helpers import copy_bundled, padded, server_process
 
+pytestmark = pytest.mark.slow  # the full tier: real server processes
+
 grpcclient = pytest.importorskip("tritonclient.grpc")
 grpc_aio = pytest.importorskip("tritonclient.grpc.aio")
 service_pb2 = pytest.importorskip("tritonclient.grpc.service_pb2")

@@ -22,6 +22,8 @@ import pytest
 from loadtest.process import free_port
 from tests.helpers import MODELS, Reference, copy_bundled, padded, server_process, spec_of
 
+pytestmark = pytest.mark.slow  # the full tier: real server processes
+
 grpc = pytest.importorskip("grpc")
 service_pb2 = pytest.importorskip("tritonclient.grpc.service_pb2")
 

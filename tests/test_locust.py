@@ -13,6 +13,8 @@ import pytest
 from loadtest.lengths import LengthDistribution
 from tests.helpers import ROOT
 
+pytestmark = pytest.mark.slow  # the full tier: real server processes
+
 # locust runs in subprocesses only: importing it here would gevent-patch the whole test process.
 
 

@@ -55,6 +55,7 @@ def _served(url: str, log: Path) -> tuple[object, list[str]]:
 
 
 @pytest.mark.skipif(usable_cores() < 2, reason="one core: no wider layout for a lone batch")
+@pytest.mark.slow
 def test_a_server_runs_lone_batches_on_every_core_and_answers_as_the_model_alone(
     tmp_path: Path,
 ) -> None:

@@ -96,6 +96,7 @@ def test_auto_buckets_with_a_bad_sample(tmp_models: Path) -> None:
         load_model_spec(model_dir)
 
 
+@pytest.mark.slow
 def test_plan_command(tmp_path: Path) -> None:
     sample = tmp_path / "lengths.txt"
     rng = np.random.default_rng(0)

@@ -20,6 +20,8 @@ import pytest
 from serve.process.cli import lengths_from_metrics
 from tests.helpers import copy_bundled, server_process
 
+pytestmark = pytest.mark.slow  # the full tier: real server processes
+
 
 @pytest.fixture
 def models(tmp_models: Path) -> Path:

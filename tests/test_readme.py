@@ -12,10 +12,14 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from loadtest.process import free_port
 from serve.loading import ModelSpec
 from serve.process.cli import PROBE_PATHS
 from tests.helpers import ROOT
+
+pytestmark = pytest.mark.slow  # the full tier: real server processes
 
 
 def quick_start() -> list[str]:
@@ -45,6 +49,7 @@ RUN_ELSEWHERE = {
     "python -m deploy.image.smoke": "tests/test_deploy.py",
 }
 NEEDS_DOCKER_OR_CLUSTER = ("docker ", "kubectl ")
+SUITE = "python -m pytest"  # the suite's own tiers: running them is what the suite is doing
 # The README's commands assume its environment is activated; the suite may be run without
 # (`.venv/bin/python -m pytest`), so `bucketserve`, `python` and `locust` are looked up first
 # where the running interpreter lives.
@@ -118,6 +123,11 @@ def test_readme_commands_run(minilm_spec: ModelSpec, tmp_path: Path) -> None:
             if command.startswith(NEEDS_DOCKER_OR_CLUSTER):
                 for path in re.findall(r"(?:-k|-f) (\S+)", command):
                     assert (ROOT / path).exists(), command
+                continue
+            if command.startswith(SUITE):
+                markers = (ROOT / "pyproject.toml").read_text()
+                for marker in re.findall(r'-m "not (\w+)"', command):
+                    assert f'"{marker}: ' in markers, command
                 continue
             elsewhere = next((m for m in RUN_ELSEWHERE if command.startswith(m)), None)
             if elsewhere is not None:

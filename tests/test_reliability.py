@@ -8,7 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from loadtest.process import ROOT
+
+pytestmark = pytest.mark.slow  # the full tier: real server processes
 
 
 def test_reliability_smoke(tmp_path: Path) -> None:

@@ -14,6 +14,8 @@ from serve.loading.layouts import sequence_rules
 from tests.helpers import Reference, copy_bundled, padded, server_process, spec_of
 from tests.zoo import add_to
 
+pytestmark = pytest.mark.slow  # the full tier: real server processes
+
 httpclient = pytest.importorskip("tritonclient.http")
 
 
