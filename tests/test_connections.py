@@ -242,6 +242,26 @@ def test_a_head_past_its_limit_is_refused_however_it_is_split(
     assert json.loads(body)["error"]["code"] == code
 
 
+def test_zero_next_to_huge_sizes_over_v2_are_a_422(models: Path) -> None:
+    """`[4294967296, 4294967296, 0]` holds no values, and was once a 500."""
+    body = json.dumps(
+        {
+            "inputs": [
+                {"name": "input_ids", "shape": [2**32, 2**32, 0], "datatype": "INT64", "data": []}
+            ]
+        }
+    ).encode()
+    head = (
+        b"POST /v2/models/tiny-encoder/infer HTTP/1.1\r\nHost: x\r\n"
+        b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)
+    )
+    with server_process(models) as (_, url, _log), connect(url) as sock:
+        sock.sendall(head + body)
+        ((status, answer),) = answers(sock, 1)
+    assert status == 422
+    assert answer["error"]["code"] == "invalid_input"
+
+
 def test_a_plain_client_sending_a_body_past_the_limit_reads_its_413(models: Path) -> None:
     """urllib sends all 9 MiB (and Connection: close) before it reads: the server answers
     413 at the first bytes, then reads and drops the rest (a lingering close) instead of

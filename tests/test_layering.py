@@ -52,6 +52,10 @@ PLANTS = {
     "sibling-room": ("serve/edges/http/common.py", "from serve.edges.grpc import service"),
     "loading-inner": ("serve/loading/config.py", "from serve.loading import repository"),
     "core-inner": ("serve/core/model.py", "from serve.core import scheduler"),
+    "edge-past-the-call": (
+        "serve/edges/http/predict.py",
+        "from serve.core.scheduler import Scheduler",
+    ),
     "external": ("serve/core/layout.py", "import onnxruntime"),
     "web-framework": ("serve/core/engine.py", "import fastapi"),
     "builders": ("serve/loading/builder.py", "import modelgen.graphs"),
