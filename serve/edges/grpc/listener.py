@@ -21,6 +21,8 @@ log = logging.getLogger(__name__)
 
 
 class GrpcServer:
+    """gRPC's port, serving `InferenceService` on the engine and metrics the process made."""
+
     def __init__(self, engine: Engine, metrics: Metrics, settings: Settings) -> None:
         self.service = InferenceService(engine, metrics)
         self.address = f"{settings.host}:{settings.grpc_port}"

@@ -1,7 +1,10 @@
-"""The FastAPI application factory: wiring only. Routes live in `serve.edges.http`.
+"""The FastAPI application factory: wiring only. The routes live beside it (`predict`,
+`kserve_routes`, `contract`); errors are answered here, in the one error form.
 
-`create_app(settings, engine=None)`: with an engine (tests, the CLI), the app serves it; with
-none, the engine is loaded at startup from `settings.models`.
+`create_app(settings, engine=None, metrics=None)`: with an engine (the server process, tests),
+the app serves it; with none, the engine is loaded at startup from `settings.models`. An engine
+that is not running yet is run by the app's lifespan (tests, another ASGI server); the server
+process runs it itself, beside gRPC, and hands the app its metrics.
 """
 
 from __future__ import annotations

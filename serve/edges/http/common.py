@@ -1,5 +1,5 @@
 """What every route shares: reading a bounded body of an accepted type, JSON in and out, large
-bodies decoded off the event loop, deadlines, token budgets, disconnects."""
+bodies decoded off the event loop, the request's own deadline header, its id, disconnects."""
 
 from __future__ import annotations
 

@@ -1,9 +1,10 @@
-"""The contract, served: the OpenAPI document with the repository's real model names, and, when
-asked for, interactive docs at /docs whose assets the server serves itself (no CDN).
+"""The contract, served: the OpenAPI document with the repository's real model names and the
+server's limits, and, when asked for, interactive docs at /docs whose assets the server serves
+itself (no CDN).
 
-The document is the one the schemas write; what this adds is what only the running server
-knows (which models it has) and the docs page, which is a setting because a production server
-has no use for it.
+The document is the one the schemas write; what this adds is what only the running server knows
+(which models it has, how many sequences a request may hold) and the docs page, which is a
+setting because a production server has no use for it.
 """
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
-"""KServe v2 tensors: JSON `data` and the binary-tensor extension, both ways.
+"""KServe v2 bodies over HTTP: JSON `data` and the binary-tensor extension, decoded into the
+`V2Request` both protocols share (`serve.edges.kserve`), and outputs encoded back.
 
 A request body is a JSON header, optionally followed by raw tensor bytes; the header's length
-is in `Inference-Header-Content-Length`. An input with `parameters.binary_data_size` takes
-its bytes from there, in order. Outputs go back the same way when asked for as binary.
+is in `Inference-Header-Content-Length` (a body sent as application/json is JSON whole). An
+input with `parameters.binary_data_size` takes its bytes from there, in order. Outputs go back
+the same way when asked for as binary.
 """
 
 from __future__ import annotations

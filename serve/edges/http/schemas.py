@@ -1,8 +1,9 @@
 """The HTTP contract as strict schemas: what a request body must be, and what every answer is.
 
-Pydantic at the edge: a body either validates (strict types: no float where an integer goes,
-no string where a boolean goes, no unknown fields) or is refused with a 4xx in the error form
-below. The same classes write the OpenAPI document, so the contract and the parser are one.
+Pydantic at the edge: a body either validates (strict types: no fraction where an integer goes,
+though 2.0 is 2 as JSON Schema says; no string where a boolean goes; no unknown fields) or is
+refused with a 400 in the error form below. The same classes write the OpenAPI document, so the
+contract and the parser are one.
 """
 
 from __future__ import annotations
