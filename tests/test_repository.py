@@ -73,6 +73,19 @@ def test_by_default_a_graph_onnx_runtime_refuses_stops_the_load(repository: Path
     assert "Frobnicate" in message
 
 
+def test_every_model_that_fails_is_named_in_one_start(repository: Path) -> None:
+    """A bad field and a graph ONNX Runtime refuses: one error names both (and the good model
+    was built, not skipped), so one restart is enough to see all that must be fixed."""
+    with pytest.raises(ConfigError) as error:
+        load_engine(Settings(models=repository))
+    message = str(error.value)
+    assert message.startswith("2 models did not load: bad-field: ")
+    assert "batching.max_batch_size:" in message
+    assert "; bad-graph: " in message
+    assert "Frobnicate" in message
+    assert message.endswith("(to serve the other models meanwhile, start with --allow-partial)")
+
+
 async def test_a_partial_repository_serves_the_rest_and_says_what_failed(
     repository: Path,
 ) -> None:

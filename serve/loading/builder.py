@@ -28,7 +28,7 @@ from serve.loading.check import Run, measure, thread_difference
 from serve.loading.config import BatchingConfig
 from serve.loading.layouts import layout_of, sequence_rules
 from serve.loading.report import log_verdict, served_config
-from serve.loading.repository import PARTIAL_HINT, ModelSpec, load_repository
+from serve.loading.repository import ModelSpec, load_repository, not_loaded
 from serve.loading.served_file import default_cache_dir, served_graph
 from serve.runtime.executors import Executor, make_executor
 from serve.runtime.sessions import (
@@ -201,12 +201,13 @@ def lone_runner(
 
 
 def load_engine(settings: Settings | Path | str = "models") -> Engine:
-    """Every model of a repository (a folder, or full settings) ready, in an engine. A model
-    that fails to load stops it, unless `settings.allow_partial`: then the engine serves the
-    others and reports that one not ready, with why."""
+    """Every model of a repository (a folder, or full settings) ready, in an engine. Models
+    that fail to load stop it, every one of them named in one error (all are tried, so that
+    one start says all that must be fixed), unless `settings.allow_partial`: then the engine
+    serves the others and reports those not ready, with why."""
     if not isinstance(settings, Settings):
         settings = Settings(models=Path(settings))
-    repository = load_repository(settings.models, settings.default_model, settings.allow_partial)
+    repository = load_repository(settings.models, settings.default_model, partial=True)
     instances, threads = thread_layout(
         settings.instances,
         settings.intra_op_threads,
@@ -215,22 +216,21 @@ def load_engine(settings: Settings | Path | str = "models") -> Engine:
     init_process(threads)  # before the first session: the pool is the process's
     lone = lone_threads(settings.lone_batch_threads, instances, threads)
     models = {}
-    failed = {name: _relative(error, settings.models) for name, error in repository.failed.items()}
+    failed = dict(repository.failed)
     for name, spec in repository.models.items():
         try:
             models[name] = build_model(
                 apply_overrides(spec, settings), settings.strategy, settings.cache_dir, lone
             )
         except Exception as exc:  # a ConfigError, or ONNX Runtime refusing the graph
-            error = _load_error(spec, exc)
-            if not settings.allow_partial:
-                others = len(repository.models) + len(repository.failed) > 1
-                raise ConfigError(error + (f" ({PARTIAL_HINT})" if others else "")) from exc
-            log.error("model %s did not load: %s", name, error)
-            failed[name] = _relative(error, settings.models)
+            failed[name] = _load_error(spec, exc)
+            log.error("model %s did not load: %s", name, failed[name])
+    if failed and not settings.allow_partial:
+        raise not_loaded(failed, len(repository.models) + len(repository.failed))
     if not models:
         raise ConfigError(f"{settings.models}: no model loaded ({'; '.join(failed.values())})")
-    return Engine(models, repository.default_model, settings, instances, failed)
+    shown = {name: _relative(error, settings.models) for name, error in failed.items()}
+    return Engine(models, repository.default_model, settings, instances, shown)
 
 
 def _relative(error: str, root: Path) -> str:

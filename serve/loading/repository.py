@@ -113,12 +113,22 @@ def _fit_buckets(config: ModelConfig, model_dir: Path, config_path: Path) -> Mod
     return config.model_copy(update={"batching": fitted})
 
 
+def not_loaded(failed: dict[str, str], models: int) -> ConfigError:
+    """One error naming every model that did not load and why (`models`: how many the
+    repository has), so that one start says all that must be fixed."""
+    hint = f" ({PARTIAL_HINT})" if models > 1 else ""
+    if len(failed) == 1:
+        return ConfigError(next(iter(failed.values())) + hint)
+    each = "; ".join(f"{name}: {error}" for name, error in sorted(failed.items()))
+    return ConfigError(f"{len(failed)} models did not load: {each}{hint}")
+
+
 def load_repository(
     root: Path, default_model: str | None = None, partial: bool = False
 ) -> Repository:
     """Scan `root`; `default_model` (from settings) overrides the repository's own choice.
-    With `partial`, a model that fails its checks is recorded as failed instead of stopping
-    the scan."""
+    A model that fails its checks is recorded as failed and the scan goes on; at its end,
+    unless `partial`, one error names every such model."""
     if not root.is_dir():
         raise ConfigError(f"{root}: model repository folder not found")
     models: dict[str, ModelSpec] = {}
@@ -128,14 +138,13 @@ def load_repository(
         try:
             spec = load_model_spec(model_dir)
         except ConfigError as exc:
-            if not partial:
-                hint = f" ({PARTIAL_HINT})" if len(folders) > 1 else ""
-                raise ConfigError(exc.message + hint) from None
             log.error("model %s did not load: %s", model_dir.name, exc.message)
             failed[model_dir.name] = exc.message
             continue
         if spec is not None:
             models[spec.name] = spec
+    if failed and not partial:
+        raise not_loaded(failed, len(folders))
     if not models and not failed:
         raise ConfigError(f"{root}: no servable model (a model is a folder with {CONFIG_FILE})")
     repo_file = root / REPOSITORY_FILE
