@@ -19,9 +19,9 @@ import numpy as np
 from serve.core.layout import Outputs
 from serve.core.model import Model
 
-# Decoding a request's items this large is worth a hop to a worker thread (~140 us there and
-# back): 64 KiB of JSON numbers take milliseconds, which on the event loop would hold every
-# other request back.
+# A body, or a request's items, this large is decoded in a worker thread (a hop there and back
+# is ~140 us): 64 KiB of JSON numbers take milliseconds, 8 MB ~150 ms, which on the event loop
+# would hold every other request back.
 OFF_LOOP_BYTES = 64 * 1024
 # A hop costs what tokenising ~300 characters does (measured: 139 us against 0.46 us a
 # character); up to 2,000 characters (under a millisecond) the event loop tokenises itself:

@@ -22,7 +22,7 @@ import numpy as np
 from serve.core.calls import Answer, Call
 from serve.core.model import Model
 from serve.core.scheduler import Scheduler
-from serve.errors import InvalidInput, ModelNotFound, ModelNotReady
+from serve.errors import InvalidInput, ModelNotFound, ModelNotReady, quoted
 from serve.metrics import Metrics
 from serve.settings import Settings
 
@@ -60,11 +60,13 @@ class Engine:
         try:
             model = self.models[name]
         except KeyError:
-            shown = name if len(name) <= 64 else name[:64] + "..."
-            raise ModelNotFound(f"unknown model {shown!r} (have {sorted(self.models)})") from None
+            raise ModelNotFound(
+                f"unknown model {quoted(name)} (have {sorted(self.models)})"
+            ) from None
         if version and version != str(model.info.version):
             raise ModelNotFound(
-                f"model {model.name} has no version {version[:32]!r} (serving {model.info.version})"
+                f"model {model.name} has no version {quoted(version, 32)} "
+                f"(serving {model.info.version})"
             )
         return model
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
 import numpy as np
@@ -253,30 +253,31 @@ class TensorInputs:
     sequence."""
 
     tensors: tuple[WireTensor, ...]
-    _by_name: dict[str, WireTensor] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        by_name: dict[str, WireTensor] = {}
-        for wire in self.tensors:
-            if wire.name in by_name:
-                raise InvalidInput(f"input {quoted(wire.name)} given twice")
-            by_name[wire.name] = wire
-        object.__setattr__(self, "_by_name", by_name)
+        names = [wire.name for wire in self.tensors]
+        twice = next((n for i, n in enumerate(names) if n in names[:i]), None)
+        if twice is not None:
+            raise InvalidInput(f"input {quoted(twice)} given twice")
 
     def count(self, model: Model) -> int:
         """The rows of the sequence tensor, read from its declared shape (0 where the shape
         is not one the model takes: decoding then says why)."""
-        return self._declared(model.info.layout.sequence.tensor, 0)
+        sequence = model.info.layout.sequence.tensor
+        return self._declared(sequence, sequence.batch_axis)
 
     def steps(self, model: Model) -> int:
         """T: the time steps the rows were sent at, which per-step outputs are padded back to."""
-        return self._declared(model.info.layout.sequence.tensor, 1)
+        sequence = model.info.layout.sequence.tensor
+        assert sequence.time_axis is not None  # (a sequence input has one)
+        return self._declared(sequence, sequence.time_axis)
 
     def _declared(self, tensor: Tensor, axis: int) -> int:
-        wire = self._by_name.get(tensor.name)
+        """The size the request declares on `axis` of the input `tensor`."""
+        wire = next((w for w in self.tensors if w.name == tensor.name), None)
         if wire is None or len(wire.shape) != len(tensor.dims):
             return 0
-        return max(0, wire.shape[tensor.batch_axis if axis == 0 else (tensor.time_axis or 0)])
+        return max(0, wire.shape[axis])
 
     @property
     def heavy(self) -> bool:

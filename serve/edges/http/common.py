@@ -13,6 +13,7 @@ import orjson
 from fastapi import Request, Response
 from starlette.requests import ClientDisconnect
 
+from serve.core.calls import OFF_LOOP_BYTES
 from serve.core.engine import Engine
 from serve.errors import (
     BucketserveError,
@@ -29,9 +30,6 @@ TIMEOUT_HEADER = "x-request-timeout-ms"
 SERVER_VERSION = version("bucketserve")  # pyproject.toml's
 JSON = "application/json"
 BINARY = "application/octet-stream"
-# A body this large is decoded in a worker thread: 8 MB of JSON takes ~150 ms, which on the
-# event loop would hold every other request back.
-OFF_LOOP_BYTES = 64 * 1024
 TIMEOUT_PARAMETER = {
     "name": "X-Request-Timeout-Ms",
     "in": "header",

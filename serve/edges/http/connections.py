@@ -163,9 +163,7 @@ def guarded_protocol(
 
         def data_received(self, data: bytes) -> None:
             if self.lingering or self._refusal is not None:
-                if self.lingering:  # what a refused client still sends, dropped
-                    self._linger_for(LINGER_S)
-                return
+                return  # what a refused client still sends, dropped
             self._unset_keepalive_if_required()
             if self._receiving != "body":
                 self._head_bytes += len(data)
@@ -256,10 +254,6 @@ def guarded_protocol(
             else:
                 self._watch()
 
-        def send_400_response(self, msg: str) -> None:
-            """A request the parser refuses, answered in the error form."""
-            self._refuse(MalformedRequest(msg))
-
         def _framing(self) -> bytes | None:
             """How the body of the request whose head was just read is delimited, as header
             lines; None when it has none."""
@@ -291,7 +285,6 @@ def guarded_protocol(
             assert self._refusal is not None
             if self._raw.is_closing():
                 return
-            self._unset_keepalive_if_required()
             self.transport.write(_closing_answer(self._refusal))
             self.linger()
 
@@ -311,11 +304,7 @@ def guarded_protocol(
             if self._raw.can_write_eof():
                 self._raw.write_eof()
             self.flow.resume_reading()
-            self._linger_for(LINGER_S)
-
-        def _linger_for(self, seconds: float) -> None:
-            if self._linger_timer is None:
-                self._linger_timer = self.loop.call_later(seconds, self._raw.close)
+            self._linger_timer = self.loop.call_later(LINGER_S, self._raw.close)
 
         def eof_received(self) -> None:
             if self.lingering:  # the client has read its answer and closed: so may we
