@@ -59,7 +59,7 @@ from loadtest.process import ROOT, free_port, running_process, running_server
 from serve.core.bucketing import BucketPlan
 from serve.loading import ModelSpec, load_model_spec
 from serve.loading.builder import load_tokenizer
-from serve.loading.layouts import layout_of
+from serve.loading.layouts import layout_alone
 from serve.loading.planner import padding_waste, power_of_two_edges
 from serve.runtime.sessions import usable_cores
 
@@ -109,7 +109,7 @@ def token_ids_over_http(sequences: list[np.ndarray], outputs: list[str]) -> list
 def token_ids_over_grpc(spec: ModelSpec, sequences: list[np.ndarray]) -> list[bytes]:
     """v2 `ModelInfer` requests of one sequence each: the sequence input alone, raw, one row
     (whose length is T, so no mask is needed), in the model's own axes and dtype."""
-    tensor = layout_of(spec).sequence.tensor
+    tensor = layout_alone(spec).layout.sequence.tensor
     return [
         infer_request(
             spec.name,
@@ -141,7 +141,7 @@ class Ceiling:
     def __init__(self, spec: ModelSpec, sequences: list[np.ndarray], cores: int) -> None:
         self.spec, self.cores = spec, cores
         self.outputs = list(spec.config.outputs)
-        self.layout = layout_of(spec)
+        self.layout = layout_alone(spec).layout
         self.ordered = sorted(sequences, key=len)
         largest = spec.config.batching.max_batch_size
         sizes = sorted({min(4, largest), largest})

@@ -116,7 +116,7 @@ class DeadlineExceeded(BucketserveError):
 
 
 class InferenceFailed(BucketserveError):
-    """The runtime failed on a batch; only that batch's requests see this."""
+    """The runtime failed on a sequence run alone; only its request sees this."""
 
     status = 500
     code = "inference_failed"

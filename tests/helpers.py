@@ -63,7 +63,7 @@ class Reference:
         self.session = ort.InferenceSession(
             str(spec.onnx_path), options, providers=["CPUExecutionProvider"]
         )
-        self.layout = layout_of(spec, functools.partial(run_all, self.session))
+        self.layout = layout_of(spec, functools.partial(run_all, self.session)).layout
         self.names = self.layout.output_names
 
     def __call__(self, sequence: np.ndarray) -> dict[str, np.ndarray]:

@@ -3,6 +3,7 @@ inputs, by running the model for outputs whose names say nothing, or as the conf
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -14,8 +15,9 @@ from modelgen.save import save_model
 from serve.core.layout import Tensor
 from serve.errors import ConfigError
 from serve.loading import build_model, load_model_spec
-from serve.loading.axes import Axes, probe_outputs, probe_shapes
+from serve.loading.axes import Axes
 from serve.loading.check import random_sequences
+from serve.loading.probe import fit_steps
 from tests.helpers import MODELS, Reference, spec_of, write_model
 from tests.zoo import ZOO, add_to
 
@@ -75,22 +77,38 @@ def test_time_major_anonymous_dims_named_by_the_config(tmp_models: Path) -> None
             np.testing.assert_allclose(answer[name], value, atol=1e-5)
 
 
-def test_probe_points_keep_rows_and_lengths_apart() -> None:
-    assert probe_shapes(256) == ((2, 5), (3, 7))
-    for longest in (2, 3, 4, 6):
-        (rows_a, len_a), (rows_b, len_b) = probe_shapes(longest)
-        assert len_a != len_b
-        assert rows_a != rows_b
-        assert not {rows_a, rows_b} & {len_a, len_b}
-        assert max(len_a, len_b) <= longest
+@pytest.mark.parametrize(
+    ("rule", "shortest"),
+    [
+        (lambda t: t, 1),  # the input's own time axis
+        (lambda t: -(-t // 4), 1),  # two stride-2 convolutions: ceil(T / 4)
+        (lambda t: (t - 3) // 2 + 1, 3),  # a conv of kernel 3, stride 2, no padding
+        (lambda t: (t - 400) // 160 + 1, 400),  # STFT frames: 25 ms windows, 10 ms hop
+        (lambda t: (t - 400) // 320 + 1, 400),  # wav2vec2's front end, about
+        (lambda t: t + 1, 1),  # a [CLS] step added
+        (lambda t: 5, 1),  # fixed at every length served
+    ],
+)
+def test_a_step_rule_is_found_from_where_the_output_grows(
+    rule: Callable[[int], int], shortest: int
+) -> None:
+    longest = 2048
+    seen: list[int] = []
+
+    def size(length: int) -> int:
+        seen.append(length)
+        return rule(length)
+
+    steps = fit_steps(size, shortest, longest)
+    assert steps is not None
+    assert [steps.of(n) for n in range(shortest, longest + 1)] == [
+        rule(n) for n in range(shortest, longest + 1)
+    ]
+    assert len(set(seen)) < 60  # a search, not one run per length
 
 
-def test_an_output_that_follows_neither_rows_nor_length_is_refused(tmp_models: Path) -> None:
-    spec = spec_of(add_to(tmp_models, "keras-bilstm").parent, "keras-bilstm")
-    points = ((2, 5), (3, 7))
-    shapes = ({"dense": (2, 10, 9)}, {"dense": (3, 14, 9)})  # twice the length
-    with pytest.raises(ConfigError, match=r"outputs\.dense: its shape is \[2, 10, 9\]"):
-        probe_outputs(["dense"], points, shapes, spec.config, lambda f, m: ConfigError(f"{f}: {m}"))
+def test_an_output_that_grows_two_steps_at_once_follows_no_rule() -> None:
+    assert fit_steps(lambda t: 2 * t, 1, 64) is None
 
 
 def test_per_step_must_agree_with_the_axes_found(tmp_models: Path) -> None:
@@ -108,12 +126,13 @@ def test_per_step_must_agree_with_the_axes_found(tmp_models: Path) -> None:
     [
         (
             ("time_axis = 0\n", "time_axis = 2\n"),
-            r"inputs\.frames: dim 2 of \[\?, \?, 12\] is fixed at 12, but it is the batch or time",
+            r"inputs\.frames: dim 2 of \[\?, \?, 12\] is the time axis but fixed at 12: the model "
+            r"was exported at one length \(12 steps\)",
         ),
         (("batch_axis = 1\n", "batch_axis = 5\n"), r"inputs\.frames: axes \(5, 0\) do not fit"),
         (
             ("[outputs.utterance]\n", "[outputs.utterance]\nbatch_axis = 0\ntime_axis = 1\n"),
-            r"outputs\.utterance: dim 1 of \[\?, 4\] is fixed at 4",
+            r"outputs\.utterance: dim 1 of \[\?, 4\] is the time axis but fixed at 4",
         ),
     ],
 )
@@ -147,11 +166,21 @@ def test_a_state_batch_is_its_one_free_dim_or_named_in_the_config(tmp_models: Pa
         load_model_spec(folder)
 
 
-def test_a_fixed_batch_dim_says_how_to_fix_it(tmp_models: Path) -> None:
-    model = zoo.bilstm_tagger()
-    model.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 1
-    folder = tmp_models / "fixed"
-    save_model(model, folder / "1" / "model.onnx")
-    (folder / "config.toml").write_text(ZOO["unmasked-bilstm"].config)
-    with pytest.raises(ConfigError, match="export the model with dynamic batch and time axes"):
-        load_model_spec(folder)
+def test_a_fixed_batch_or_time_dim_is_served_or_refused_by_name(tmp_models: Path) -> None:
+    """A batch fixed at 1 is served one sequence a run; at 2, or a time axis fixed at one
+    length (an export traced at one length), refused with the fix or the length named."""
+    for name, (axis, size), says in [
+        (
+            "batch-2",
+            (0, 2),
+            "fixed at 2, but it is the batch axis: export the model with a dynamic",
+        ),
+        ("time-32", (1, 32), r"the model was exported at one length \(32 steps\)"),
+    ]:
+        model = zoo.bilstm_tagger()
+        model.graph.input[0].type.tensor_type.shape.dim[axis].dim_value = size
+        folder = tmp_models / name
+        save_model(model, folder / "1" / "model.onnx")
+        (folder / "config.toml").write_text(ZOO["unmasked-bilstm"].config)
+        with pytest.raises(ConfigError, match=says):
+            load_model_spec(folder)

@@ -7,7 +7,7 @@ import pytest
 
 from serve.core.layout import Layout, Tensor
 from serve.loading import load_model_spec
-from serve.loading.layouts import layout_of
+from serve.loading.layouts import layout_alone
 from tests.helpers import MODELS
 
 
@@ -15,14 +15,14 @@ from tests.helpers import MODELS
 def encoder_layout() -> Layout:
     spec = load_model_spec(MODELS / "tiny-encoder")
     assert spec is not None
-    return layout_of(spec)
+    return layout_alone(spec).layout
 
 
 @pytest.fixture(scope="module")
 def lstm_layout() -> Layout:
     spec = load_model_spec(MODELS / "tiny-lstm")
     assert spec is not None
-    return layout_of(spec)
+    return layout_alone(spec).layout
 
 
 def test_collate_tokens_pads_positions_and_rows(encoder_layout: Layout) -> None:

@@ -14,9 +14,9 @@ from tests.zoo import add_to
 
 
 async def test_an_exact_length_model_adds_no_series_per_length(tmp_models: Path) -> None:
-    add_to(tmp_models, "unmasked-bilstm")
+    add_to(tmp_models, "ctc-fbank")
     engine = make_engine(tmp_models)
-    model = engine.model("unmasked-bilstm")
+    model = engine.model("ctc-fbank")
     assert model.plan.policy is Policy.EXACT_LENGTH
     lengths = list(range(1, 65))  # 64 distinct lengths: 64 keys, 5 configured edges
     sequences = random_sequences(model.info.rules, lengths, seed=0)

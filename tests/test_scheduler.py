@@ -102,13 +102,17 @@ async def test_requests_split_across_buckets_are_reassembled_in_order() -> None:
     ]
 
 
-async def test_a_failing_batch_fails_only_its_own_requests() -> None:
+async def test_a_failing_batch_fails_only_the_sequence_that_fails_alone() -> None:
+    """The batch fails; its sequences run again one by one: only the bad one's request fails,
+    and its error says which of its sequences failed."""
     model, executor = model_and_executor()
     executor.failure, executor.fail_on = RuntimeError("boom"), 101
-    first, second, third = await run_requests(model, [[3], [4], [20]])
-    assert isinstance(first, InferenceFailed)  # same batch as the bad one
+    first, second, third = await run_requests(model, [[3], [4, 5], [20]])
+    assert first_ids(first) == [1]  # type: ignore[arg-type]  # same batch as the bad one
     assert isinstance(second, InferenceFailed)
+    assert str(second).startswith("sequence 0 of 2: inference failed")
     assert first_ids(third) == [201]  # type: ignore[arg-type]  # another batch: untouched
+    assert sorted(len(ids) for ids in executor.first_ids) == [1, 1, 1, 1, 3]
 
 
 async def test_a_request_is_refused_whole_or_admitted_whole() -> None:

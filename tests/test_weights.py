@@ -120,7 +120,7 @@ def test_a_cache_that_cannot_be_written_says_how_to_fix_it(
 ) -> None:
     add_to(tmp_models, "keras-bilstm")
     (tmp_path / "a-file").write_text("")
-    with pytest.raises(ConfigError, match=r"cannot write the weights cache .*--cache-dir"):
+    with pytest.raises(ConfigError, match=r"cannot write the server.s copy of model .*--cache-dir"):
         build_model(
             spec_of(tmp_models, "keras-bilstm"), "session-per-key", tmp_path / "a-file" / "c"
         )

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import onnx
 
-from modelgen import graphs, zoo
+from modelgen import families, graphs, zoo
 from modelgen.save import save_model
 from tests.helpers import MODELS
 
@@ -30,6 +30,15 @@ class Exhibit:
     config: str
     policy: str  # what the invariance check must find
     inline: bool = False  # weights inside model.onnx, as most exporters write them
+    steps: Callable[[int], int] | None = None  # a strided output's steps for T input steps
+    min_length: int = 1  # the shortest input the model runs on
+    batch_axes: dict[str, int | None] = field(default_factory=dict)  # outputs' where not 0
+
+
+def batching(buckets: list[int], max_batch_tokens: int) -> str:
+    return BATCHING.replace("[4, 8, 16, 32, 64]", str(buckets)).replace(
+        "max_batch_tokens = 512", f"max_batch_tokens = {max_batch_tokens}"
+    )
 
 
 ZOO: dict[str, Exhibit] = {
@@ -47,11 +56,12 @@ ZOO: dict[str, Exhibit] = {
         "single",
         inline=True,
     ),
-    # no mask, no sequence lengths: the backward LSTM reads the padding first
+    # no mask, no sequence lengths: the backward LSTM reads the padding first, until the
+    # server's copy gives it each row's length
     "unmasked-bilstm": Exhibit(
         zoo.bilstm_tagger,
         '[inputs.ids]\nrole = "tokens"\nvocab_size = 600\n[outputs.tags]\n' + BATCHING,
-        "exact-length",
+        "buckets",
     ),
     # time-major frames, every dim anonymous, an unmasked mean over time
     "frames": Exhibit(
@@ -59,6 +69,7 @@ ZOO: dict[str, Exhibit] = {
         '[inputs.frames]\nrole = "features"\nbatch_axis = 1\ntime_axis = 0\n'
         "[outputs.frame_logits]\n[outputs.utterance]\n" + BATCHING,
         "exact-length",
+        batch_axes={"frame_logits": 1},
     ),
     # the bundled encoder with its weights inline
     "encoder-inline": Exhibit(
@@ -69,6 +80,59 @@ ZOO: dict[str, Exhibit] = {
     ),
     # features + sequence_lens + initial states (external weights)
     "tiny-lstm": Exhibit(None, (MODELS / "tiny-lstm" / "config.toml").read_text(), "buckets"),
+    # CTC over fbank frames [B, T, 80] -> [B, ceil(T / 4), 29]; biased convolutions read the
+    # padding at a row's end
+    "ctc-fbank": Exhibit(
+        families.ctc_fbank,
+        '[inputs.features]\nrole = "features"\n[outputs.log_probs]\n' + BATCHING,
+        "exact-length",
+        steps=lambda t: -(-t // 4),
+    ),
+    # an OCR line [B, 3, 32, W], width as time -> [B, W / 8, 40], attention over every column
+    "ocr-line": Exhibit(
+        families.line_recogniser,
+        '[inputs.image]\nrole = "features"\n[outputs.logits]\n' + batching([32, 64, 128], 1024),
+        "exact-length",
+        inline=True,
+        steps=lambda w: w // 8,
+        min_length=8,
+    ),
+    # raw samples [B, S] -> frames [B, F, 16]; frames read only real samples: buckets
+    "raw-audio": Exhibit(
+        families.raw_audio,
+        '[inputs.audio]\nrole = "features"\n[outputs.frames]\n'
+        + batching([800, 1600, 3200], 25600),
+        "buckets",
+        steps=lambda s: ((s - 400) // 160 + 1 - 3) // 2 + 1,
+        min_length=720,
+    ),
+    # a dB floor from the loudest value of the whole batch: rows change each other
+    "batch-db": Exhibit(
+        families.batch_db, '[inputs.mel]\nrole = "features"\n[outputs.db]\n' + BATCHING, "single"
+    ),
+    # inputs free, outputs declared [1, ?, 1]: bound at a batch of 2, ONNX Runtime refuses
+    "declared-batch-one": Exhibit(
+        families.declared_batch_one,
+        '[inputs.audio]\nrole = "features"\n[outputs.speech]\n' + batching([512, 1024], 8192),
+        "single",
+        steps=lambda s: (s - 256) // 128 + 1,
+        min_length=256,
+    ),
+    # torch dynamo without dynamic batch: ids [1, s0], tags flattened [s0]
+    "dynamo-batch-one": Exhibit(
+        families.dynamo_batch_one,
+        '[inputs.input_ids]\nrole = "tokens"\nvocab_size = 300\n[outputs.logits]\n'
+        "[outputs.tags]\n" + BATCHING,
+        "single",
+        batch_axes={"tags": None},
+    ),
+    # a BiGRU without sequence_lens: the server's copy is given each row's length
+    "unmasked-bigru": Exhibit(
+        families.unmasked_bigru,
+        '[inputs.ids]\nrole = "tokens"\nvocab_size = 500\n[outputs.tags]\n' + BATCHING,
+        "buckets",
+        inline=True,
+    ),
 }
 
 

@@ -44,35 +44,55 @@ class Runner(Protocol):
 
 @dataclass(frozen=True)
 class SequenceRules:
-    """What one valid sequence is for a model: checked at the edge, before anything queues."""
+    """What one valid sequence is for a model: checked at the edge, before anything queues.
+
+    A sequence is sent in the model input's own axes without the batch axis (token ids [T],
+    audio samples [T], fbank frames [T, 80], an image line [3, 32, W]) and kept time first."""
 
     dtype: np.dtype
     max_length: int
     vocab_size: int | None = None  # tokens: ids lie in [0, vocab_size)
-    feature_dim: int | None = None  # features: numbers per step
+    step_shape: tuple[int, ...] = ()  # features: the sizes of one step, time first
+    time_axis: int = 0  # features: where time lies in a sequence as sent
+    min_length: int = 1  # the shortest the model runs on (a strided front end needs some)
     reserved_ids: tuple[int, ...] = ()  # tokens: ids that may not appear inside a sequence
 
-    def validate(self, item: Any, index: int = 0) -> np.ndarray:
-        """One request item -> a sequence array, or InvalidInput saying what is wrong with it."""
+    @property
+    def shape_as_sent(self) -> str:
+        sizes = [str(d) for d in self.step_shape]
+        sizes.insert(self.time_axis, "T")
+        return "[" + ", ".join(sizes) + "]"
+
+    def validate(self, item: Any, index: int = 0, time_first: bool = False) -> np.ndarray:
+        """One sequence as sent (`time_first`: already time first, a v2 tensor's row) -> a
+        time-first array, or InvalidInput saying what is wrong with it."""
         where = f"sequence {index}"
         try:
             array = np.asarray(item)
         except (ValueError, TypeError):
             raise InvalidInput(f"{where}: not a rectangular array") from None
-        if array.ndim >= 1 and len(array) == 0:
+        if array.ndim >= 1 and array.size == 0:
             raise InvalidInput(f"{where}: empty")
         if self.vocab_size is not None:
             self._check_tokens(array, where, self.vocab_size)
         else:
-            if array.ndim != 2 or array.dtype.kind not in "iuf":
-                raise InvalidInput(f"{where}: expected a list of {self.feature_dim}-number vectors")
-            if array.shape[1] != self.feature_dim:
+            if array.ndim != 1 + len(self.step_shape) or array.dtype.kind not in "iuf":
+                raise InvalidInput(f"{where}: expected numbers of shape {self.shape_as_sent}")
+            if not time_first:
+                array = np.moveaxis(array, self.time_axis, 0)
+            if array.shape[1:] != self.step_shape:
+                sent = list(np.moveaxis(array, 0, self.time_axis).shape)
                 raise InvalidInput(
-                    f"{where}: each step needs {self.feature_dim} features, got {array.shape[1]}"
+                    f"{where}: expected numbers of shape {self.shape_as_sent}, got {sent}"
                 )
         if len(array) > self.max_length:
             raise InvalidInput(
                 f"{where}: length {len(array)} exceeds the longest bucket ({self.max_length})"
+            )
+        if len(array) < self.min_length:
+            raise InvalidInput(
+                f"{where}: length {len(array)} is shorter than the model takes (at least "
+                f"{self.min_length} steps)"
             )
         with np.errstate(over="ignore"):  # an overflow shows as infinity, refused just below
             converted = array.astype(self.dtype, copy=False)
@@ -139,11 +159,11 @@ class Model:
         """Bind `key` ahead of its first batch (MXNet's `prepare`) and warm it with pad rows."""
         for runner in (self.executor, self.lone):
             if runner is not None and runner.prepare(key):
-                rows, length = runner.batch_shape(key, [1])
+                rows, length = runner.batch_shape(key, [max(self.info.rules.min_length, 1)])
                 runner.run(key, self.info.layout.collate([], rows, length), rows, length)
 
-    def validate(self, item: Any, index: int = 0) -> np.ndarray:
-        return self.info.rules.validate(item, index)
+    def validate(self, item: Any, index: int = 0, time_first: bool = False) -> np.ndarray:
+        return self.info.rules.validate(item, index, time_first)
 
     def encode(self, texts: Sequence[str]) -> list[np.ndarray]:
         """Texts -> token id sequences, for models whose config names a tokenizer."""

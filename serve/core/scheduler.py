@@ -9,7 +9,8 @@ while all are busy) and runs it in a worker thread, telling the model whether it
 no other batch running, nothing left waiting, and no more sequences than there are instances
 (a batch that took more found them queued together: load, not a lone request). Where the
 model then takes every core, such a batch holds every instance, and batches formed meanwhile
-wait for it. A failing batch fails its own sequences only. `settled` is when no request is in
+wait for it. A failing batch runs its sequences again one by one, so that only a sequence
+that fails alone gets an error. `settled` is when no request is in
 flight, no sequence queued and no batch running. No ONNX Runtime here: the model is anything
 with `plan`, `batch_shape` and `run_batch`.
 """
@@ -169,8 +170,13 @@ class Scheduler:
             if len(done) < len(futures):
                 raise DeadlineExceeded(f"no answer within the deadline ({remaining * 1000:.0f} ms)")
             failures = [f.exception() for f in futures]  # every one retrieved, none logged
-            first = next((e for e in failures if e is not None), None)
-            if first is not None:
+            failed = [i for i, e in enumerate(failures) if e is not None]
+            if failed:
+                first = failures[failed[0]]
+                if isinstance(first, InferenceFailed) and len(futures) > 1:
+                    which = ", ".join(map(str, failed))
+                    raise InferenceFailed(f"sequence {which} of {len(futures)}: {first}")
+                assert first is not None
                 raise first
             self.answered += 1
             return [f.result() for f in futures]
@@ -253,14 +259,25 @@ class Scheduler:
             outputs = await loop.run_in_executor(
                 self._worker, self.model.run_batch, key, sequences, alone
             )
-        except Exception as exc:  # a failing batch fails its own requests, nothing else
+        except Exception as exc:
+            if len(items) > 1:  # the sequence that failed it may be one: each runs alone
+                log.info(
+                    "model %s: a batch of %d sequences (%s) failed (%s); each runs alone",
+                    self.model.name,
+                    len(items),
+                    key,
+                    type(exc).__name__,
+                )
+                for item in items:
+                    await self._execute(key, [item], False)
+                return
             ids = sorted({item.request_id for item in items})
             self._failures.log(
                 logging.ERROR,
                 "batch",
-                "model %s: a batch of %d sequences (%s) failed, for requests %s",
+                "model %s: a sequence of %d steps (%s) failed, for request %s",
                 self.model.name,
-                len(items),
+                lengths[0],
                 key,
                 ", ".join(ids),
                 exc_info=exc,

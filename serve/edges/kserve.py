@@ -14,6 +14,7 @@ the first pad id in the row; otherwise T.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -264,6 +265,7 @@ class TensorInputs:
         """The rows of the sequence tensor, read from its declared shape (0 where the shape
         is not one the model takes: decoding then says why)."""
         sequence = model.info.layout.sequence.tensor
+        assert sequence.batch_axis is not None  # (every input has one)
         return self._declared(sequence, sequence.batch_axis)
 
     def steps(self, model: Model) -> int:
@@ -300,7 +302,7 @@ class TensorInputs:
         lengths = row_lengths(model, inputs, tensor)
         if lengths.min() < 1 or lengths.max() > steps:
             raise InvalidInput(f"row lengths must lie in 1..{steps}")
-        return [model.validate(tensor[i, : lengths[i]], i) for i in range(rows)]
+        return [model.validate(tensor[i, : lengths[i]], i, time_first=True) for i in range(rows)]
 
 
 def _expected(model: Model, name: str) -> Tensor | None:
@@ -318,20 +320,31 @@ def _expected(model: Model, name: str) -> Tensor | None:
 
 def output_tensors(answer: Answer, steps: int) -> dict[str, np.ndarray]:
     """Per-sequence outputs back into tensors in the model's own axes; per-step ones
-    zero-padded to the T the request was sent at."""
+    zero-padded to the output length of the T the request was sent at."""
     model, answers = answer.model, answer.outputs
     tensors = {}
     for name in answers[0]:
         parts = [a[name] for a in answers]
-        tensor = model.info.layout.output(name)
+        tensor = with_batch_axis(model.info.layout.output(name))
         if tensor.per_step:
-            out = np.zeros((len(parts), steps, *parts[0].shape[1:]), parts[0].dtype)
+            out = np.zeros(tensor.shape(len(parts), steps), parts[0].dtype)
+            rows = tensor.to_batch_major(out)  # a view: writing it fills `out`
             for row, part in enumerate(parts):
-                out[row, : len(part)] = part
+                rows[row, : part.shape[tensor.row_time_axis]] = tensor.row_time_first(part)
+            tensors[name] = out
         else:
-            out = np.stack(parts)
-        tensors[name] = tensor.to_model_axes(out)
+            stacked = np.stack(parts)
+            tensors[name] = tensor.to_model_axes(stacked)
     return tensors
+
+
+def with_batch_axis(tensor: Tensor) -> Tensor:
+    """An output as v2 carries it: with a batch axis, which a batch-1 model's output without
+    one gets in front (a request's rows are stacked there)."""
+    if tensor.batch_axis is not None:
+        return tensor
+    time = None if tensor.time_axis is None else tensor.time_axis + 1
+    return dataclasses.replace(tensor, dims=(None, *tensor.dims), batch_axis=0, time_axis=time)
 
 
 async def infer(
@@ -370,5 +383,5 @@ def metadata(model: Model) -> dict[str, Any]:
         "versions": [str(model.info.version)],
         "platform": "onnxruntime_onnx",
         "inputs": [described(i.tensor) for i in layout.inputs if i.role in CLIENT_INPUTS],
-        "outputs": [described(o) for o in layout.outputs],
+        "outputs": [described(with_batch_axis(o)) for o in layout.outputs],
     }

@@ -4,16 +4,18 @@ Exporters name dims as they please: `batch` and `seq`, tf2onnx's generated `unk_
 different name on every tensor, or none at all. So, in order:
 
 1. the config, when it names a tensor's axes (`batch_axis`, `time_axis`);
-2. the sequence input is [batch, time] (tokens) or [batch, time, features]; the other inputs
-   follow from their role, found by the sequence input's dim names where they share them;
-3. an output whose free dims all carry the sequence input's batch and time names;
-4. otherwise by what the model does: `probe_outputs` runs it at two shapes and sees which of
-   each output's dims follow the rows and which the length.
+2. the sequence input's two free dims, batch first ([batch, time] tokens, [batch, samples],
+   [batch, time, 80] frames, [batch, 3, 32, width] image lines), or a batch fixed at 1 (an
+   export that takes one sequence a run); the other inputs follow from their role, found by
+   the sequence input's dim names where they share them;
+3. an output whose free dims all carry the sequence input's batch and time names (its time
+   axis is then the input's, step for step);
+4. otherwise by what the model does (`serve.loading.probe`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from serve.core.layout import InputRole
@@ -36,9 +38,11 @@ class Axes:
 @dataclass(frozen=True)
 class ModelAxes:
     inputs: dict[str, Axes]
-    outputs: dict[str, Axes | None]  # None: found by running the model (`probe_outputs`)
+    outputs: dict[str, Axes | None]  # None: found by running the model (`serve.loading.probe`)
     batch_names: tuple[str, ...]  # dim names on the inputs' batch axes (static sessions fix them)
     time_names: tuple[str, ...]
+    batch_fixed: bool = False  # the sequence input's batch is fixed at 1: one sequence a run
+    by_name: frozenset[str] = frozenset()  # outputs whose time axis is the input's, by its name
 
     @property
     def unresolved(self) -> list[str]:
@@ -49,17 +53,31 @@ def _shown(dims: Sequence[Dim]) -> str:
     return "[" + ", ".join("?" if d is None else str(d) for d in dims) + "]"
 
 
-def _check(tensor: GraphTensor, axes: Axes, field: str, fail: Fail) -> Axes:
-    """The axes lie inside the tensor, differ, and sit on free dims; every other dim is fixed."""
+def _check(
+    tensor: GraphTensor, axes: Axes, field: str, fail: Fail, batch_fixed: bool = False
+) -> Axes:
+    """The axes lie inside the tensor, differ, and sit on free dims (a batch fixed at 1 too,
+    in a batch-1 export); every other dim is fixed."""
     rank = len(tensor.dims)
     if any(a >= rank for a in axes.free()) or axes.batch == axes.time:
         raise fail(field, f"axes {axes.free()} do not fit dims {_shown(tensor.dims)}")
     for axis in axes.free():
-        if isinstance(tensor.dims[axis], int):
+        size = tensor.dims[axis]
+        if axis == axes.batch and batch_fixed and size == 1:
+            continue
+        if axis == axes.time and isinstance(size, int):
             raise fail(
                 field,
-                f"dim {axis} of {_shown(tensor.dims)} is fixed at {tensor.dims[axis]}, but it is "
-                "the batch or time axis: export the model with dynamic batch and time axes",
+                f"dim {axis} of {_shown(tensor.dims)} is the time axis but fixed at {size}: "
+                f"the model was exported at one length ({size} steps) and takes no other; "
+                "export it with a dynamic time axis (or name the axes: batch_axis, time_axis)",
+            )
+        if isinstance(size, int):
+            raise fail(
+                field,
+                f"dim {axis} of {_shown(tensor.dims)} is fixed at {size}, but it is the batch "
+                "axis: export the model with a dynamic batch axis (or a batch of 1, served one "
+                "sequence a run), or name the axes (batch_axis, time_axis)",
             )
     for i, d in enumerate(tensor.dims):
         if i not in axes.free() and not isinstance(d, int):
@@ -82,7 +100,7 @@ def _name(dim: Dim) -> str | None:
 def resolve_axes(signature: Signature, config: ModelConfig, fail: Fail) -> ModelAxes:
     """Every input's axes, and every output's that the graph's names settle."""
     seq_name = config.sequence_input
-    seq_axes = _sequence_axes(signature.inputs[seq_name], config, fail)
+    seq_axes, batch_fixed = _sequence_axes(signature.inputs[seq_name], config, fail)
     assert seq_axes.time is not None
     seq_dims = signature.inputs[seq_name].dims
     batch_name, time_name = _name(seq_dims[seq_axes.batch]), _name(seq_dims[seq_axes.time])
@@ -96,11 +114,17 @@ def resolve_axes(signature: Signature, config: ModelConfig, fail: Fail) -> Model
                 cfg.time_axis,
                 (batch_name, time_name),
                 fail,
+                batch_fixed,
             )
     outputs = {
         name: _output_axes(signature.outputs[name], config, (batch_name, time_name), fail)
         for name in config.outputs
     }
+    by_name = frozenset(
+        name
+        for name, axes in outputs.items()
+        if axes is not None and config.outputs[name].batch_axis is None
+    )
 
     def names(axis: Callable[[Axes], int | None]) -> tuple[str, ...]:
         found: list[str] = []
@@ -111,20 +135,39 @@ def resolve_axes(signature: Signature, config: ModelConfig, fail: Fail) -> Model
                 found.append(d)
         return tuple(found)
 
-    return ModelAxes(inputs, outputs, names(lambda a: a.batch), names(lambda a: a.time))
+    return ModelAxes(
+        inputs,
+        outputs,
+        names(lambda a: a.batch),
+        names(lambda a: a.time),
+        batch_fixed,
+        by_name,
+    )
 
 
-def _sequence_axes(seq: GraphTensor, config: ModelConfig, fail: Fail) -> Axes:
-    """[batch, time] for tokens, [batch, time, features] for features, unless the config says."""
-    cfg = config.inputs[seq.name]
-    rank = 2 if cfg.role is InputRole.TOKENS else 3
+def _sequence_axes(seq: GraphTensor, config: ModelConfig, fail: Fail) -> tuple[Axes, bool]:
+    """The sequence input's axes (the config's, else its two free dims, batch first, or a
+    first dim fixed at 1 and one free dim), and whether its batch is fixed at 1."""
+    cfg, dims = config.inputs[seq.name], seq.dims
     field = f"inputs.{seq.name}"
-    if len(seq.dims) != rank:
-        shape = "[batch, time]" if rank == 2 else "[batch, time, features]"
-        raise fail(field, f"a {cfg.role.value} input has {shape}; got {_shown(seq.dims)}")
-    batch = cfg.batch_axis if cfg.batch_axis is not None else 0
-    time = cfg.time_axis if cfg.time_axis is not None else 1
-    return _check(seq, Axes(batch, time), field, fail)
+    if cfg.role is InputRole.TOKENS and len(dims) != 2:
+        raise fail(field, f"a tokens input has [batch, time]; got {_shown(dims)}")
+    if len(dims) < 2:
+        raise fail(
+            field,
+            "a features input has a batch and a time axis ([batch, samples], [batch, time, "
+            f"features], [batch, channels, height, width]...); got {_shown(dims)}",
+        )
+    free = [i for i, d in enumerate(dims) if not isinstance(d, int)]
+    guess = (0, 1)
+    if len(free) == 2:
+        guess = (free[0], free[1])
+    elif len(free) == 1 and free[0] != 0 and dims[0] == 1:
+        guess = (0, free[0])
+    batch = cfg.batch_axis if cfg.batch_axis is not None else guess[0]
+    time = cfg.time_axis if cfg.time_axis is not None else guess[1]
+    batch_fixed = batch < len(dims) and dims[batch] == 1
+    return _check(seq, Axes(batch, time), field, fail, batch_fixed), batch_fixed
 
 
 def _input_axes(
@@ -134,6 +177,7 @@ def _input_axes(
     time_axis: int | None,
     names: tuple[str | None, str | None],
     fail: Fail,
+    batch_fixed: bool,
 ) -> Axes:
     """A mask, token types, lengths or state input: by the config, by the sequence input's
     dim names, or by the role's usual shape."""
@@ -146,7 +190,7 @@ def _input_axes(
             batch = _by_name(dims, batch_name, free[0] if len(free) == 1 else -1)
         if batch < 0:
             raise fail(field, f"which dim of {_shown(dims)} is the batch? set batch_axis")
-        return _check(tensor, Axes(batch), field, fail)
+        return _check(tensor, Axes(batch), field, fail, batch_fixed)
     if role not in (InputRole.MASK, InputRole.TOKEN_TYPES, InputRole.LENGTHS):
         raise fail(field, f"role {role.value!r}: only one input carries the sequence")
     timed = role is not InputRole.LENGTHS
@@ -155,7 +199,7 @@ def _input_axes(
         raise fail(field, f"a {role.value} input has {shape}; got {_shown(dims)}")
     batch = _by_name(dims, batch_name, 0) if batch_axis is None else batch_axis
     time = _by_name(dims, time_name, 1) if time_axis is None else time_axis
-    return _check(tensor, Axes(batch, time if timed else None), field, fail)
+    return _check(tensor, Axes(batch, time if timed else None), field, fail, batch_fixed)
 
 
 def _output_axes(
@@ -167,7 +211,8 @@ def _output_axes(
     batch_name, time_name = names
     axes = None
     if cfg.batch_axis is not None:
-        axes = _check(tensor, Axes(cfg.batch_axis, cfg.time_axis), field, fail)
+        # (an output may declare a batch of 1 and still follow the rows: the probe measures)
+        axes = _check(tensor, Axes(cfg.batch_axis, cfg.time_axis), field, fail, True)
     elif (
         batch_name is not None
         and dims.count(batch_name) == 1
@@ -195,42 +240,3 @@ def check_per_step(
             "length: set per_step = true (or leave it out)"
         )
     raise fail(f"outputs.{name}", message)
-
-
-def probe_shapes(max_length: int) -> tuple[tuple[int, int], tuple[int, int]]:
-    """Two (rows, length) points at which every size differs: rows from lengths, and each
-    from itself between the two points (when the longest bucket allows)."""
-    lengths = (5, 7) if max_length >= 7 else (max(1, max_length - 1), max_length)
-    rows = (2, 3) if not {2, 3} & set(lengths) else (8, 9)
-    return (rows[0], lengths[0]), (rows[1], lengths[1])
-
-
-def probe_outputs(
-    names: Sequence[str],
-    points: tuple[tuple[int, int], tuple[int, int]],
-    shapes: tuple[Mapping[str, tuple[int, ...]], Mapping[str, tuple[int, ...]]],
-    config: ModelConfig,
-    fail: Fail,
-) -> dict[str, tuple[Axes, tuple[int | None, ...]]]:
-    """Axes and fixed sizes of the outputs `names`, from their shapes at the two points."""
-    found = {}
-    (rows_a, len_a), (rows_b, len_b) = points
-    for name in names:
-        a, b = shapes[0][name], shapes[1][name]
-        field = f"outputs.{name}"
-        batch = [i for i, (x, y) in enumerate(zip(a, b, strict=True)) if (x, y) == (rows_a, rows_b)]
-        time = [i for i, (x, y) in enumerate(zip(a, b, strict=True)) if (x, y) == (len_a, len_b)]
-        other = [
-            i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y and i not in batch + time
-        ]
-        if len(batch) != 1 or len(time) > 1 or other:
-            raise fail(
-                field,
-                f"its shape is {list(a)} for {rows_a} sequences of length {len_a} and {list(b)} "
-                f"for {rows_b} of length {len_b}: bucketserve serves outputs with one batch "
-                "axis, at most one time axis, and fixed sizes otherwise",
-            )
-        axes = Axes(batch[0], time[0] if time else None)
-        check_per_step(name, config.outputs[name].per_step, axes, a, fail)
-        found[name] = (axes, tuple(None if i in axes.free() else a[i] for i in range(len(a))))
-    return found

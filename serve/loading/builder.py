@@ -14,25 +14,30 @@ import dataclasses
 import functools
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 from tokenizers import Tokenizer
 
-from serve.core.bucketing import BucketPlan, Policy
+from serve.core.bucketing import BucketPlan, Invariance, Policy
 from serve.core.engine import Engine
 from serve.core.layout import Layout
 from serve.core.model import Model, ModelInfo, SequenceRules
 from serve.errors import ConfigError
 from serve.loading.check import Run, measure, thread_difference
 from serve.loading.config import BatchingConfig
-from serve.loading.layouts import layout_of, sequence_rules
-from serve.loading.report import log_verdict, served_config
+from serve.loading.layouts import Served, layout_of
+from serve.loading.pad_safe import pad_safe_spec
+from serve.loading.report import log_verdict, pad_safe_report, served_config
 from serve.loading.repository import ModelSpec, load_repository, not_loaded
 from serve.loading.served_file import default_cache_dir, served_graph
+from serve.runtime.binding import run_bound
 from serve.runtime.executors import Executor, make_executor
 from serve.runtime.sessions import (
     GraphFile,
+    Session,
     create_session,
     init_process,
     lone_threads,
@@ -71,32 +76,38 @@ def build_model(
     where session-per-key writes the weights its sessions share (default: the user's cache);
     `lone_batch_threads`: threads of the runner for a batch that runs alone (None: none)."""
     began = time.perf_counter()
+    wanted = strategy or (spec.config.binding if spec.config.mode == "bucketing" else "mutable")
+    cache = cache_dir or default_cache_dir()
+    checked = _checked(spec, wanted, cache)
+    rewrite: dict[str, Any] | None = None
+    if (
+        checked.invariance.policy is Policy.EXACT_LENGTH
+        and spec.config.batching.policy == "auto"
+        and (safe := pad_safe_spec(spec, cache)) is not None
+    ):
+        again = _checked(safe[0], wanted, cache)
+        rewrite = pad_safe_report(spec.name, safe[1], checked.invariance, again.invariance)
+        if again.invariance.policy is Policy.BUCKETS:
+            checked = again
+    spec, graph, session = checked.spec, checked.graph, checked.session
     config, batching = spec.config, spec.config.batching
-    wanted = strategy or (config.binding if config.mode == "bucketing" else "mutable")
-    static = wanted == "session-per-key"
-    graph = served_graph(spec, cache_dir or default_cache_dir(), static)
-    # One session for what load time runs (probes, the check). Session-per-key shares the
-    # memmapped weights, so this one does too (no private copy); otherwise it is the session
-    # the executor keeps.
-    session = create_session(graph, weights=SharedWeights(graph.path) if static else None)
-    run = functools.partial(run_all, session)
-    layout, rules = layout_of(spec, run), sequence_rules(spec)
-    checking = time.perf_counter()
-    invariance, failures = measure(
-        spec.name, run, layout, rules, batching.edges, batching.tolerance
-    )
-    checked_s = time.perf_counter() - checking
+    layout, rules, served = checked.served.layout, checked.served.rules, checked.served
+    invariance, failures, checked_s = checked.invariance, checked.failures, checked.seconds
     policy = invariance.policy if batching.policy == "auto" else Policy(batching.policy)
-    log_verdict(spec.name, invariance, policy, batching.policy, failures)
+    if served.single is not None:  # no config makes a model batch that cannot
+        policy = Policy.SINGLE
+    log_verdict(spec.name, invariance, policy, batching.policy, failures, served.single)
     plan = BucketPlan(
         tuple(batching.edges), batching.max_batch_size, batching.max_batch_tokens, policy
     )
     # Unpadded batches (equal lengths, or one sequence) run at their own shape: one session
     # with buffers at the largest, whatever the config asked for.
     final = wanted if policy is Policy.BUCKETS else "mutable"
+    static = wanted == "session-per-key"
     executor = make_executor(final, graph, layout, plan, None if static else session)
     lone = None
     if lone_batch_threads and not static and policy is Policy.BUCKETS:
+        run = functools.partial(run_all, session)
         lone = lone_runner(spec, final, graph, layout, rules, plan, run, lone_batch_threads)
     tokenizer = (
         load_tokenizer(spec.tokenizer_path, config.tokenizer.max_length)
@@ -112,9 +123,12 @@ def build_model(
         invariance,
         policy,
         failures,
+        served.single,
     )
     if lone is not None:
         described["lone_batch_threads"] = lone_batch_threads
+    if rewrite is not None:
+        described["check"]["pad_safe"] = rewrite
     info = ModelInfo(
         name=spec.name,
         version=spec.version,
@@ -144,6 +158,45 @@ def build_model(
         checked_s,
     )
     return model
+
+
+@dataclass(frozen=True)
+class _Checked:
+    """A spec with its served file, load session, layout and what the check measured."""
+
+    spec: ModelSpec
+    graph: GraphFile
+    session: Session
+    served: Served
+    invariance: Invariance
+    failures: list[str]
+    seconds: float  # the check's
+
+
+def _checked(spec: ModelSpec, strategy: str, cache_dir: Path) -> _Checked:
+    """The file `spec`'s sessions load, one session on it for load time, the layout found by
+    running it, and the invariance check."""
+    static = strategy == "session-per-key"
+    graph = served_graph(spec, cache_dir, static)
+    # One session for what load time runs (probes, the check). Session-per-key shares the
+    # memmapped weights, so this one does too (no private copy); otherwise it is the session
+    # the executor keeps.
+    session = create_session(graph, weights=SharedWeights(graph.path) if static else None)
+    run = functools.partial(run_all, session)
+    served = layout_of(spec, run)
+    began = time.perf_counter()
+    invariance, failures = measure(
+        spec.name,
+        run,
+        functools.partial(run_bound, session, served.layout),
+        served.layout,
+        served.rules,
+        spec.config.batching.edges,
+        spec.config.batching.tolerance,
+        batched=served.single is None,
+    )
+    seconds = time.perf_counter() - began
+    return _Checked(spec, graph, session, served, invariance, failures, seconds)
 
 
 def apply_overrides(spec: ModelSpec, settings: Settings) -> ModelSpec:

@@ -1,7 +1,10 @@
 """The invariance check, run at load: what do padding and batching do to a model's answers?
 
 Two measurements, each over a few random batches of sequences that avoid reserved ids, each
-the worst difference from the model run on every sequence alone, unpadded:
+the worst difference from the model run on every sequence alone, unpadded. Batches run the way
+serving runs them (into bound buffers at the batch's shape, `together`), with rows of very
+different scale side by side (a quiet clip beside a loud one: a model that normalises over the
+batch moves), at short lengths and at the longest bucket's:
 
 - padding: sequences of different lengths in one batch, padded to a longer length, with a pad
   row (what a bucket does). An unmasked pooling or an RNN without `sequence_lens` moves here.
@@ -28,19 +31,27 @@ from serve.core.model import SequenceRules
 from serve.errors import ConfigError
 
 Run = Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]  # feeds -> every output
+# feeds of (rows, length) -> every output, as serving runs them (bound buffers of that shape)
+BatchRun = Callable[[Mapping[str, np.ndarray], int, int], dict[str, np.ndarray]]
 
-ROWS = (2, 3, 4)  # one round of the check per entry: that many sequences of one length
-LONGEST_PROBE = 24  # probe sequences are short: the check costs little at load
+ROWS = (2, 3, 4)  # one short round of the check per entry: that many sequences of one length
+SHORT = 24  # short rounds' lengths lie within this many steps of the shortest
+SCALES = (1.0, 1e-3, 50.0, 0.05)  # row i of a features batch is scaled by SCALES[i % 4]
 
 
 def random_sequences(
-    rules: SequenceRules, lengths: Sequence[int], seed: int = 0
+    rules: SequenceRules, lengths: Sequence[int], seed: int = 0, scaled: bool = False
 ) -> list[np.ndarray]:
-    """Random valid sequences for a model, one per length (token ids avoid reserved ids)."""
+    """Random valid sequences for a model, one per length (token ids avoid reserved ids);
+    `scaled`: features rows of very different magnitude (`SCALES`)."""
     rng = np.random.default_rng(seed)
     if rules.vocab_size is None:
-        assert rules.feature_dim is not None
-        return [rng.standard_normal((n, rules.feature_dim)).astype(rules.dtype) for n in lengths]
+        return [
+            (rng.standard_normal((n, *rules.step_shape)) * (SCALES[i % 4] if scaled else 1)).astype(
+                rules.dtype
+            )
+            for i, n in enumerate(lengths)
+        ]
     allowed = np.setdiff1d(np.arange(rules.vocab_size), rules.reserved_ids)
     return [rng.choice(allowed, n).astype(rules.dtype) for n in lengths]
 
@@ -56,20 +67,25 @@ def difference(together: np.ndarray, alone: np.ndarray) -> float:
     return float(np.nan_to_num(gap, nan=np.inf).max(initial=0.0))
 
 
-class _Runs:
-    """The model's runs for the check: each sequence alone is run once and remembered.
-    Batches run on `together` (by default the same `run`)."""
+def plainly(run: Run) -> BatchRun:
+    """`run` as a BatchRun (it needs no shape)."""
+    return lambda feeds, rows, length: run(feeds)
 
-    def __init__(self, name: str, run: Run, layout: Layout, together: Run | None = None) -> None:
-        self.name, self.run, self.layout = name, run, layout
-        self.together = together or run
+
+class _Runs:
+    """The model's runs for the check: each sequence alone (a plain run) once, remembered.
+    Batches run on `together`."""
+
+    def __init__(self, name: str, run: Run, layout: Layout, together: BatchRun) -> None:
+        self.name, self.run, self.layout, self.together = name, run, layout, together
         self.failures: list[str] = []
         self._alone: dict[int, tuple[np.ndarray, dict[str, np.ndarray]]] = {}
 
     def batch(
-        self, sequences: list[np.ndarray], rows: int, length: int, run: Run | None = None
+        self, sequences: list[np.ndarray], rows: int, length: int, run: BatchRun | None = None
     ) -> list[dict[str, np.ndarray]]:
-        outputs = (run or self.together)(self.layout.collate(sequences, rows, length))
+        feeds = self.layout.collate(sequences, rows, length)
+        outputs = (run or self.together)(feeds, rows, length)
         return self.layout.split(outputs, [len(s) for s in sequences])
 
     def alone(self, sequence: np.ndarray) -> dict[str, np.ndarray]:
@@ -77,7 +93,7 @@ class _Runs:
         if key in self._alone:
             return self._alone[key][1]
         try:
-            (answer,) = self.batch([sequence], 1, len(sequence), self.run)
+            (answer,) = self.batch([sequence], 1, len(sequence), plainly(self.run))
         except Exception as exc:  # ONNX Runtime raises its own types
             raise ConfigError(
                 f"model {self.name}: fails on one random valid sequence of length "
@@ -104,42 +120,62 @@ class _Runs:
 def measure(
     name: str,
     run: Run,
+    together: BatchRun,
     layout: Layout,
     rules: SequenceRules,
     edges: Sequence[int],
     tolerance: float,
+    batched: bool = True,
 ) -> tuple[Invariance, list[str]]:
-    """What padding and batching do to the model, and any batch it could not run at all.
+    """What padding and batching do to the model, and any batch it could not run at all
+    (`batched` False: a model that runs one sequence at a time, only run alone).
 
     Each round's sequences, of one length, are run alone, together unpadded (batching), and
-    together padded to their bucket's edge or further with a pad row (padding); one sequence
-    of every round then makes a padded batch of mixed lengths. 16 runs in all.
+    together padded to their bucket's edge or further with a pad row (padding): three short
+    rounds and one at the longest bucket. One sequence of every round then makes a padded
+    batch of mixed lengths, the shortest padded to the longest bucket. Every sequence is also
+    run alone the way serving runs it: a model that answers otherwise there cannot be served
+    (ConfigError). 21 runs in all.
     """
-    runs = _Runs(name, run, layout)
+    runs = _Runs(name, run, layout, together)
     rng = np.random.default_rng(0)
-    longest = max(1, min(rules.max_length - 1, LONGEST_PROBE))
+    lo, hi = rules.min_length, rules.max_length
+    short = min(hi, lo + SHORT - 1)
 
     def padded_to(length: int) -> int:
         edge = edges[int(np.searchsorted(edges, length))]
-        return max(edge, min(rules.max_length, length + 8))
+        return max(edge, min(hi, length + max(8, length // 4)))
 
     padding = batching = 0.0
     mixed: list[np.ndarray] = []
-    for seed, rows in enumerate(ROWS):
-        length = int(rng.integers(1, longest + 1))
-        sequences = random_sequences(rules, [length] * rows, seed)
+    rounds = [(rows, int(rng.integers(lo, short + 1))) for rows in ROWS] + [(2, hi)]
+    for seed, (rows, length) in enumerate(rounds):
+        sequences = random_sequences(rules, [length] * rows, seed, scaled=True)
+        served = runs.worst(sequences[:1], 1, length, "a sequence alone")
+        if not served <= tolerance:
+            raise ConfigError(
+                f"model {name}: run the way the server runs it (into buffers bound at its "
+                f"shape), a sequence of {length} steps alone answers "
+                + (
+                    f"otherwise than a plain run (by {served:.3g})"
+                    if np.isfinite(served)
+                    else f"not at all ({runs.failures[-1]})"
+                )
+                + ": its declared outputs cannot hold what it computes"
+            )
+        if not batched:
+            continue
         batching = max(batching, runs.worst(sequences, rows, length, "an unpadded batch"))
         if padded_to(length) > length:
             padding = max(
                 padding, runs.worst(sequences, rows + 1, padded_to(length), "a padded batch")
             )
-        mixed.append(sequences[0])
-    longest_mixed = max(len(s) for s in mixed)
-    if padded_to(longest_mixed) > min(len(s) for s in mixed):
-        padding = max(
-            padding,
-            runs.worst(mixed, len(mixed) + 1, padded_to(longest_mixed), "a padded batch"),
-        )
+        mixed.append(sequences[0] if length < hi else sequences[1])
+    if not batched:
+        return Invariance(float("inf"), float("inf"), tolerance), runs.failures
+    mixed = sorted(mixed, key=len)
+    if len(mixed[0]) < hi:
+        padding = max(padding, runs.worst(mixed, len(mixed) + 1, hi, "a padded batch"))
     return Invariance(padding, batching, tolerance), runs.failures
 
 
@@ -149,14 +185,14 @@ def thread_difference(
     """The worst difference of `other` (the same graph in another session) from `run`, each
     sequence alone: on sequences alone, in batches of one length, and in batches padded past
     their longest with a pad row. Infinite when `other` fails on one."""
-    runs = _Runs(name, run, layout, together=other)
+    runs = _Runs(name, run, layout, plainly(other))
     rng = np.random.default_rng(1)
-    longest = max(1, min(rules.max_length - 1, LONGEST_PROBE))
+    lo, hi = rules.min_length, rules.max_length
     worst = 0.0
     for seed, rows in enumerate((1, *ROWS)):
-        length = int(rng.integers(1, longest + 1))
+        length = int(rng.integers(lo, min(hi, lo + SHORT - 1) + 1))
         sequences = random_sequences(rules, [length] * rows, seed)
-        padded = min(rules.max_length, length + 8)
+        padded = min(hi, length + 8)
         worst = max(
             worst,
             runs.worst(sequences, rows, length, "a batch"),

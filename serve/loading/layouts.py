@@ -1,19 +1,23 @@
 """From a spec, what the request path will read: the layout of every tensor (roles, dtypes,
-batch and time axes; outputs whose axes the dim names leave open found by running the model
-at two shapes) and the rules one valid sequence follows (vocabulary, reserved ids, features).
+batch and time axes, each output's steps; what the dim names leave open found by running the
+model, `probe`) and the rules one valid sequence follows (vocabulary, reserved ids, the shape of
+a step, the shortest length).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+from dataclasses import dataclass
 
 from serve.core.layout import Input, InputRole, Layout, Tensor
 from serve.core.model import SequenceRules
-from serve.errors import ConfigError
-from serve.loading.axes import Axes, probe_outputs, probe_shapes
-from serve.loading.check import Run, random_sequences
+from serve.loading.axes import Axes
+from serve.loading.check import Run
+from serve.loading.probe import probe
 from serve.loading.repository import ModelSpec
 from serve.loading.signature import GraphTensor
+from serve.runtime.sessions import GraphFile, run_all, side_session
 
 
 def _tensor(graph: GraphTensor, axes: Axes) -> Tensor:
@@ -21,9 +25,19 @@ def _tensor(graph: GraphTensor, axes: Axes) -> Tensor:
     return Tensor(graph.name, graph.dtype, fixed, axes.batch, axes.time)  # type: ignore[arg-type]
 
 
-def layout_of(spec: ModelSpec, run: Run | None = None) -> Layout:
-    """The request path's view of the graph's tensors: roles, dtypes, batch and time axes.
-    Outputs whose axes the graph's names leave open are found by running the model (`run`)."""
+@dataclass(frozen=True)
+class Served:
+    """What the request path reads of a model, from its graph and from running it."""
+
+    layout: Layout
+    rules: SequenceRules
+    single: str | None  # why it must run one sequence at a time, if it must (`probe`)
+
+
+def layout_of(spec: ModelSpec, run: Run) -> Served:
+    """The request path's view of the graph's tensors (roles, dtypes, batch and time axes,
+    each output's steps) and the rules a sequence follows, from the graph and from running the
+    model (`run`, a plain run of every output)."""
     sig, axes, config = spec.signature, spec.axes, spec.config
     inputs = tuple(
         Input(
@@ -33,41 +47,16 @@ def layout_of(spec: ModelSpec, run: Run | None = None) -> Layout:
         )
         for name, cfg in config.inputs.items()
     )
-    outputs = {
-        name: _tensor(sig.outputs[name], found)
-        for name, found in axes.outputs.items()
-        if found is not None
-    }
-    if axes.unresolved:
-        outputs |= _probe(spec, Layout(inputs, ()), run)
-    return Layout(inputs, tuple(outputs[name] for name in config.outputs))
+    rules = sequence_rules(spec)
+    found = probe(spec, run, Layout(inputs, ()), rules)
+    layout = Layout(inputs, tuple(found.outputs[name] for name in config.outputs))
+    return Served(layout, dataclasses.replace(rules, min_length=found.min_length), found.single)
 
 
-def _probe(spec: ModelSpec, inputs: Layout, run: Run | None) -> dict[str, Tensor]:
-    """The open outputs' axes, from the model run at two shapes."""
-    names = spec.axes.unresolved
-    fail = functools.partial(ConfigError.at, spec.onnx_path)
-    if run is None:
-        raise fail(f"outputs.{names[0]}", "its axes are found by running the model")
-    points = probe_shapes(spec.config.batching.longest)
-    shapes = []
-    for seed, (rows, length) in enumerate(points):
-        sequences = random_sequences(sequence_rules(spec), [length] * rows, seed)
-        try:
-            outputs = run(inputs.collate(sequences, rows, length))
-        except Exception as exc:  # ONNX Runtime raises its own types for a failed run
-            raise fail(
-                f"outputs.{names[0]}",
-                f"running the model on {rows} sequences of length {length}, to find the axes "
-                f"of {names}, failed ({exc}): name them in config.toml (batch_axis, time_axis)",
-            ) from None
-        shapes.append({name: outputs[name].shape for name in names})
-    found = probe_outputs(names, points, (shapes[0], shapes[1]), spec.config, fail)
-    sig = spec.signature
-    return {
-        name: Tensor(name, sig.outputs[name].dtype, fixed, axes.batch, axes.time)
-        for name, (axes, fixed) in found.items()
-    }
+def layout_alone(spec: ModelSpec) -> Served:
+    """`layout_of`, running the model on a session of its own (benchmarks, tests)."""
+    session = side_session(GraphFile(spec.onnx_path, tuple(spec.config.providers)))
+    return layout_of(spec, functools.partial(run_all, session))
 
 
 def sequence_rules(spec: ModelSpec) -> SequenceRules:
@@ -75,12 +64,13 @@ def sequence_rules(spec: ModelSpec) -> SequenceRules:
     config = spec.config
     name = config.sequence_input
     cfg, tensor = config.inputs[name], spec.signature.inputs[name]
-    free = spec.axes.inputs[name].free()
-    features = [d for i, d in enumerate(tensor.dims) if i not in free]
+    axes = spec.axes.inputs[name]
     if cfg.role is InputRole.FEATURES:
-        (feature_dim,) = features  # fixed: `axes` refuses any other free dim
-        assert isinstance(feature_dim, int)
-        return SequenceRules(tensor.dtype, config.batching.longest, feature_dim=feature_dim)
+        step = tuple(int(d) for i, d in enumerate(tensor.dims) if i not in axes.free())  # type: ignore[arg-type]
+        row = _tensor(tensor, axes)
+        return SequenceRules(
+            tensor.dtype, config.batching.longest, step_shape=step, time_axis=row.row_time_axis
+        )
     return SequenceRules(
         tensor.dtype,
         config.batching.longest,

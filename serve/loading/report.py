@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from serve.core.bucketing import Invariance, Policy
-from serve.core.layout import Layout
+from serve.core.layout import SAME_STEPS, Layout
 from serve.core.model import SequenceRules
 from serve.loading.repository import ModelSpec
 
@@ -28,11 +28,19 @@ def _figure(value: float) -> float | str:
 
 
 def log_verdict(
-    name: str, invariance: Invariance, policy: Policy, configured: str, failures: Sequence[str]
+    name: str,
+    invariance: Invariance,
+    policy: Policy,
+    configured: str,
+    failures: Sequence[str],
+    single: str | None = None,
 ) -> None:
     """One line on what batching does to the model and how it is served; a warning when it
     is not served in buckets, or when the config asks for more batching than the check found
-    safe."""
+    safe. `single`: why the model cannot run batches at all."""
+    if single is not None:
+        log.warning("model %s: %s: %s", name, single, SERVED_AS[Policy.SINGLE])
+        return
     measured = invariance.policy
     figures = (
         f"padding moves its outputs by {invariance.padding:.2g}, batching by "
@@ -58,6 +66,32 @@ def log_verdict(
         )
 
 
+def pad_safe_report(
+    name: str, nodes: list[str], before: Invariance, after: Invariance
+) -> dict[str, Any]:
+    """Said when a model's recurrent nodes were given each row's length (`pad_safe`): what was
+    rewritten, the check's figures before and after, and which copy is served."""
+    kept = after.policy is Policy.BUCKETS
+    log.log(
+        logging.INFO if kept else logging.WARNING,
+        "model %s: %s given each row's length: padding moved its outputs by %.2g, now by %.2g: %s",
+        name,
+        ", ".join(nodes),
+        before.padding,
+        after.padding,
+        "the rewritten copy is served, in length buckets"
+        if kept
+        else "still pad-sensitive, the model is served as it is",
+    )
+    return {
+        "rewritten": nodes,
+        "padding_before": _figure(before.padding),
+        "padding_after": _figure(after.padding),
+        "batching_after": _figure(after.batching),
+        "served": "rewritten" if kept else "original",
+    }
+
+
 def served_config(
     spec: ModelSpec,
     layout: Layout,
@@ -67,6 +101,7 @@ def served_config(
     invariance: Invariance,
     policy: Policy,
     failures: Sequence[str],
+    single: str | None = None,
 ) -> dict[str, Any]:
     """The model's config.toml as served: fitted edges, overrides and everything found at load
     (axes, per_step, policy, strategy) written in, and the check's figures beside it."""
@@ -75,14 +110,20 @@ def served_config(
     config["binding"] = "shared-session" if strategy == "mutable" else strategy
     config["batching"]["policy"] = policy.value
     for inp in layout.inputs:
+        assert inp.tensor.batch_axis is not None  # (every input has one)
         config["inputs"][inp.tensor.name] |= _axes(inp.tensor.batch_axis, inp.tensor.time_axis)
     if rules.vocab_size is not None:
         config["inputs"][layout.sequence.tensor.name]["reserved_ids"] = list(rules.reserved_ids)
+    if rules.min_length > 1:
+        config["inputs"][layout.sequence.tensor.name]["min_length"] = rules.min_length
     for out in layout.outputs:
-        config["outputs"][out.name] |= {
-            "per_step": out.per_step,
-            **_axes(out.batch_axis, out.time_axis),
-        }
+        config["outputs"][out.name] |= {"per_step": out.per_step}
+        if out.batch_axis is not None:
+            config["outputs"][out.name]["batch_axis"] = out.batch_axis
+        if out.time_axis is not None:
+            config["outputs"][out.name]["time_axis"] = out.time_axis
+        if out.steps != SAME_STEPS:  # a strided time axis: how many steps for T
+            config["outputs"][out.name]["steps"] = str(out.steps)
     return {
         **config,
         "name": spec.name,
@@ -95,6 +136,7 @@ def served_config(
             "tolerance": invariance.tolerance,
             "policy": invariance.policy.value,
             "failures": list(failures),
+            **({} if single is None else {"single": single}),
         },
     }
 

@@ -19,6 +19,7 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import onnx
@@ -86,7 +87,7 @@ def served_graph(spec: ModelSpec, cache_dir: Path, sessions_per_key: bool) -> Gr
     path = spec.onnx_path
     names = spec.axes.batch_names, spec.axes.time_names
     if sessions_per_key:
-        path = _cached_copy(spec, cache_dir)
+        path = cached(spec, cache_dir, content_key(spec), _write_copy)
         unnamed = _anonymous(spec)
         names = (
             names[0] + ((BATCH_NAME,) if unnamed[0] else ()),
@@ -95,33 +96,34 @@ def served_graph(spec: ModelSpec, cache_dir: Path, sessions_per_key: bool) -> Gr
     return GraphFile(path, tuple(spec.config.providers), *names)
 
 
-def _cached_copy(spec: ModelSpec, cache_dir: Path) -> Path:
-    """The copy in `cache_dir`, written unless an earlier load (or another process) did."""
-    folder = cache_dir / _content_key(spec)
+def cached(
+    spec: ModelSpec, cache_dir: Path, key: str, write: Callable[[ModelSpec, Path], None]
+) -> Path:
+    """The copy of `spec`'s model under `key` in `cache_dir`, written by `write` unless an
+    earlier load (or another process) did."""
+    folder = cache_dir / key
     target = folder / spec.onnx_path.name
     if target.is_file():
         return target
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
         scratch = Path(tempfile.mkdtemp(prefix=".writing-", dir=cache_dir))
-        _write_copy(spec, scratch / spec.onnx_path.name)
+        write(spec, scratch / spec.onnx_path.name)
         try:
             scratch.rename(folder)  # whole or not at all; another process may have won
         except OSError:
             shutil.rmtree(scratch, ignore_errors=True)
     except OSError as exc:
         raise ConfigError(
-            f"{cache_dir}: cannot write the weights cache ({exc}): model {spec.name} runs a "
-            "session per bucket key, and its weights are written out there once so that the "
-            "sessions share them; set --cache-dir (BUCKETSERVE_CACHE_DIR) to a writable folder"
+            f"{cache_dir}: cannot write the server's copy of model {spec.name} ({exc}): set "
+            "--cache-dir (BUCKETSERVE_CACHE_DIR) to a writable folder"
         ) from None
-    log.info(
-        "model %s: weights written out once for its sessions to share, in %s", spec.name, folder
-    )
+    log.info("model %s: its served copy written once, in %s", spec.name, folder)
     return target
 
 
-def _content_key(spec: ModelSpec) -> str:
+def content_key(spec: ModelSpec) -> str:
+    """A name for the model's files as they are (a changed file is a new copy)."""
     digest = hashlib.sha256(FORMAT.encode())
     for path in (spec.onnx_path, *spec.signature.external_files):
         with open(path, "rb") as f:

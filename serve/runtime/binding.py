@@ -56,3 +56,14 @@ class BufferBinding:
             np.copyto(self._views[name], feeds[name])
         self.session.run_with_iobinding(self._binding)
         return {name: view.copy() for name, view in self._views.items() if name not in self._inputs}
+
+
+def run_bound(
+    session: ort.InferenceSession,
+    layout: Layout,
+    feeds: Mapping[str, np.ndarray],
+    rows: int,
+    length: int,
+) -> dict[str, np.ndarray]:
+    """One run the way serving runs it, into buffers bound at exactly this shape (the check)."""
+    return BufferBinding(session, layout, [(rows, length)]).run(feeds, rows, length)

@@ -27,6 +27,9 @@ from serve.runtime.weights import SharedWeights
 log = logging.getLogger(__name__)
 
 
+Session = ort.InferenceSession  # (for the modules above the runtime, which never import it)
+
+
 @dataclass(frozen=True)
 class GraphFile:
     """The ONNX file a model's sessions load, the providers they ask for, and the names of the
@@ -151,12 +154,26 @@ def create_session(
     return session
 
 
+def side_session(graph: GraphFile) -> ort.InferenceSession:
+    """A session for runs outside an engine (benchmarks, tests), which leaves the process's
+    thread layout as it is: on its pool if it has made one, else on one thread."""
+    options = ort.SessionOptions()
+    if _global_pool:
+        options.use_per_session_threads = False
+    else:
+        options.intra_op_num_threads = 1
+    options.log_severity_level = 3
+    return ort.InferenceSession(str(graph.path), options, providers=["CPUExecutionProvider"])
+
+
 def run_all(
     session: ort.InferenceSession, feeds: Mapping[str, np.ndarray]
 ) -> dict[str, np.ndarray]:
     """Every output of one plain run: load-time probes and checks (serving binds buffers)."""
     names = [o.name for o in session.get_outputs()]
-    return dict(zip(names, session.run(names, dict(feeds)), strict=True))
+    quiet = ort.RunOptions()
+    quiet.log_severity_level = 4  # a probe that fails is an answer, not an error to print
+    return dict(zip(names, session.run(names, dict(feeds), quiet), strict=True))
 
 
 def write_folded(source: Path, target: Path) -> None:

@@ -1,0 +1,178 @@
+"""Small models of the families beyond token sequences, shaped like their exports.
+
+Speech frames and CTC heads whose output is shorter than the input, OCR lines as images by
+width, raw audio with a strided front end and a shortest input, a feature model that
+normalises over the whole batch, a detector whose outputs declare a batch of 1, a dynamo-style
+export with its batch fixed at 1 and an output flattened over batch and time, and an unmasked
+BiGRU. Their output dims carry generated names (or none), as exporters write them, so the
+server has to find how each follows the input. Deterministic: seeded weights.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from modelgen.graphs import _Graph
+
+FLOAT, INT64 = TensorProto.FLOAT, TensorProto.INT64
+io = helper.make_tensor_value_info
+
+
+def _conv(g: _Graph, x: str, c_in: int, c_out: int, kernel: list[int], **attrs: object) -> str:
+    """A convolution with a bias (what a folded BatchNorm leaves)."""
+    fan_in = c_in * int(np.prod(kernel))
+    w = g.weight("conv_w", c_out, c_in, *kernel, scale=1 / np.sqrt(fan_in))
+    return g.op("Conv", x, w, g.weight("conv_b", c_out, scale=0.1), **attrs)
+
+
+def ctc_fbank(
+    *, mels: int = 80, width: int = 32, vocab: int = 29, seed: int = 11
+) -> onnx.ModelProto:
+    """A CTC acoustic model over fbank frames [B, T, 80]: two convolutions of stride 2 (kernel
+    3, padding 1) subsample time to ceil(T / 4), then log-probabilities over a 29-letter
+    vocabulary [B, ceil(T / 4), 29], as a torch export names them."""
+    g = _Graph(seed)
+    x = g.op("Transpose", "features", perm=[0, 2, 1])  # [B, 80, T]
+    for c_in in (mels, width):
+        x = g.op("Relu", _conv(g, x, c_in, width, [3], strides=[2], pads=[1, 1]))
+    x = g.op("Transpose", x, perm=[0, 2, 1])  # [B, T/4, 32]
+    g.nodes.append(
+        helper.make_node("LogSoftmax", [g.linear(x, width, vocab)], ["log_probs"], axis=-1)
+    )
+    return g.model(
+        "ctc_fbank",
+        [io("features", FLOAT, ["batch", "frames", mels])],
+        [io("log_probs", FLOAT, ["batch", "floor(frames/4)", vocab])],
+    )
+
+
+def line_recogniser(
+    *, height: int = 32, width: int = 24, vocab: int = 40, seed: int = 12
+) -> onnx.ModelProto:
+    """An OCR line recogniser over an NCHW image [B, 3, 32, W], width as time: a convolution
+    of stride 8 makes a column every 8 pixels ([B, 24, 1, W/8]), global attention over all the
+    columns (padding included: pad-sensitive) mixes in the whole line, and each column gives
+    letter logits [B, floor(W / 8), 40]."""
+    g = _Graph(seed)
+    x = g.op("Relu", _conv(g, "image", 3, width, [height, 8], strides=[height, 8]))
+    cols = g.op(
+        "Transpose", g.op("Squeeze", x, g.const("h", np.array([2], np.int64))), perm=[0, 2, 1]
+    )
+    scores = g.op("MatMul", cols, g.weight("query", width, 1))  # [B, W/8, 1]
+    weights = g.op("Softmax", scores, axis=1)
+    context = g.op(
+        "ReduceSum",
+        g.op("Mul", cols, weights),
+        g.const("over", np.array([1], np.int64)),
+        keepdims=1,
+    )
+    mixed = g.op("Add", cols, context)
+    g.nodes.append(helper.make_node("Identity", [g.linear(mixed, width, vocab)], ["logits"]))
+    return g.model(
+        "line_recogniser",
+        [io("image", FLOAT, ["N", 3, height, "W"])],
+        [io("logits", FLOAT, ["N", "W_out", vocab])],
+    )
+
+
+def raw_audio(*, channels: int = 24, dim: int = 16, seed: int = 13) -> onnx.ModelProto:
+    """A speech encoder over raw samples [B, samples]: a 25 ms window every 10 ms at 16 kHz
+    (a convolution of kernel 400, stride 160, no padding), then one of kernel 3, stride 2:
+    [B, frames, 16]. Every frame reads only real samples, and it needs 720 of them (three
+    windows) to give one."""
+    g = _Graph(seed)
+    x = g.op("Unsqueeze", "audio", g.const("channel", np.array([1], np.int64)))  # [B, 1, S]
+    x = g.op("Relu", _conv(g, x, 1, channels, [400], strides=[160]))
+    x = g.op("Relu", _conv(g, x, channels, dim, [3], strides=[2]))
+    g.nodes.append(helper.make_node("Transpose", [x], ["frames"], perm=[0, 2, 1]))
+    return g.model(
+        "raw_audio",
+        [io("audio", FLOAT, ["batch_size", "sequence_length"])],
+        [io("frames", FLOAT, ["batch_size", None, dim])],
+    )
+
+
+def batch_db(*, mels: int = 40, seed: int = 14) -> onnx.ModelProto:
+    """A melspectrogram-style front end that takes its dB floor from the loudest value in the
+    whole batch (top_db = 80 over the batch tensor, as a batched `AmplitudeToDB` does): a quiet
+    clip beside a loud one is moved. Rows of one loudness do not show it."""
+    g = _Graph(seed)
+    power = g.op("Add", g.op("Mul", "mel", "mel"), g.const("eps", np.array(1e-10, np.float32)))
+    db = g.op("Mul", g.op("Log", power), g.const("to_db", np.array(10 / np.log(10), np.float32)))
+    floor = g.op(
+        "Sub", g.op("ReduceMax", db, keepdims=0), g.const("top_db", np.array(80, np.float32))
+    )
+    g.nodes.append(helper.make_node("Max", [db, floor], ["db"]))
+    return g.model(
+        "batch_db",
+        [io("mel", FLOAT, ["batch", "time", mels])],
+        [io("db", FLOAT, ["batch", "time", mels])],
+    )
+
+
+def declared_batch_one(*, window: int = 256, hop: int = 128, seed: int = 15) -> onnx.ModelProto:
+    """A voice-activity detector over samples [B, S]: a speech probability every 128 samples
+    [B, frames, 1], computed row by row, but its outputs declare a batch of 1 ([1, ?, 1], as an
+    export traced at batch 1 with only its inputs made dynamic writes them)."""
+    g = _Graph(seed)
+    x = g.op("Unsqueeze", "audio", g.const("channel", np.array([1], np.int64)))
+    x = g.op("Relu", _conv(g, x, 1, 8, [window], strides=[hop]))
+    x = g.op("Transpose", x, perm=[0, 2, 1])  # [B, frames, 8]
+    g.nodes.append(helper.make_node("Sigmoid", [g.linear(x, 8, 1)], ["speech"]))
+    return g.model(
+        "declared_batch_one",
+        [io("audio", FLOAT, ["batch", "samples"])],
+        [io("speech", FLOAT, [1, None, 1])],
+    )
+
+
+def dynamo_batch_one(
+    *, vocab: int = 300, dim: int = 16, tags: int = 5, seed: int = 16
+) -> onnx.ModelProto:
+    """A tagger as torch.onnx.export(dynamo=True) writes it without dynamic shapes for the
+    batch: ids [1, s0], logits [1, s0, 5], and the best tags flattened over batch and time
+    [s0] (a `view(-1)` in the model)."""
+    g = _Graph(seed)
+    x = g.op("Gather", g.weight("embed", vocab, dim, scale=0.5), "input_ids")
+    x = g.op("Tanh", g.linear(x, dim, dim))
+    logits = g.linear(x, dim, tags)
+    g.nodes.append(helper.make_node("Identity", [logits], ["logits"]))
+    best = g.op("ArgMax", logits, axis=-1, keepdims=0)
+    g.nodes.append(
+        helper.make_node("Reshape", [best, g.const("flat", np.array([-1], np.int64))], ["tags"])
+    )
+    return g.model(
+        "dynamo_batch_one",
+        [io("input_ids", INT64, [1, "s0"])],
+        [io("logits", FLOAT, [1, "s0", tags]), io("tags", INT64, ["s0"])],
+    )
+
+
+def unmasked_bigru(
+    *, vocab: int = 500, embed: int = 24, hidden: int = 32, tags: int = 6, seed: int = 17
+) -> onnx.ModelProto:
+    """A BiGRU tagger as Paddle or Keras exports write it without a mask: no sequence_lens, so
+    the backward direction starts on the padding (pad-sensitive, batch-invariant)."""
+    g = _Graph(seed)
+    x = g.op("Gather", g.weight("embeddings", vocab, embed, scale=0.5), "ids")
+    w = g.weight("W", 2, 3 * hidden, embed, scale=1 / np.sqrt(embed))
+    r = g.weight("R", 2, 3 * hidden, hidden, scale=1 / np.sqrt(hidden))
+    b = g.weight("B", 2, 6 * hidden, scale=0.1)
+    y, _ = g.ops(
+        "GRU",
+        [g.op("Transpose", x, perm=[1, 0, 2]), w, r, b],
+        2,
+        hidden_size=hidden,
+        direction="bidirectional",
+        linear_before_reset=1,
+    )
+    steps = g.op("Transpose", y, perm=[2, 0, 1, 3])  # [T, 2, B, H] -> [B, T, 2, H]
+    merged = g.op("Reshape", steps, g.const("merge", np.array([0, 0, 2 * hidden], np.int64)))
+    g.nodes.append(helper.make_node("Identity", [g.linear(merged, 2 * hidden, tags)], ["tags"]))
+    return g.model(
+        "unmasked_bigru",
+        [io("ids", INT64, ["batch", "time"])],
+        [io("tags", FLOAT, ["batch", "time", tags])],
+    )
