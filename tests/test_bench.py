@@ -128,3 +128,23 @@ def test_text_workload_tokenises_to_the_drawn_lengths(minilm_spec: ModelSpec) ->
     body = orjson.loads(work.bodies[0].split(b"\r\n\r\n", 1)[1])
     assert isinstance(body["text"][0], str)
     assert body["outputs"] == ["sentence_embedding"]
+
+
+@pytest.mark.slow
+def test_pad_safe_bench_serves_the_three_ways() -> None:
+    """The benchmark's three names of one BiGRU are served as it says, and answered."""
+    result = subprocess.run(
+        [sys.executable, "-m", "loadtest.pad_safe_bench", "--clients", "2", "--seconds", "0.5"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    rows = [line.split("|")[1:-1] for line in result.stdout.splitlines()[2:]]
+    assert [(r[0].strip(), r[1].strip()) for r in rows] == [
+        ("bigru", "buckets"),
+        ("bigru-exact", "exact-length"),
+        ("bigru-single", "single"),
+    ]
+    assert all(float(r[2]) > 0 for r in rows)
+    assert "errors" not in result.stdout
