@@ -129,7 +129,8 @@ def probe(spec: ModelSpec, run: Run, inputs: Layout, rules: SequenceRules) -> Pr
     shapes = _Shapes(run, inputs, rules, names)
     shortest = _shortest(shapes, longest, fail)
     lengths = sorted({shortest, (shortest + longest) // 2, longest})
-    alone = {n: shapes.at(1, n) for n in lengths}
+    open_axes = any(spec.axes.outputs[name] is None for name in names)
+    alone = {n: shapes.at(1, n) for n in lengths} if open_axes else {}
     single = "its batch is fixed at 1" if spec.axes.batch_fixed else None
     found: dict[str, tuple[int | None, int | None, tuple[int | None, ...]]] = {}
     for name in names:
