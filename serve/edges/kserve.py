@@ -4,9 +4,10 @@
 checked (datatype, shape, count, values) and turned into a model's sequences, one call to the
 core, and the answers stacked back into output tensors.
 
-The rows of a `[n, T]` (or `[n, T, F]`, in the model's own axes) sequence tensor are n
-sequences, each cut to its own length; per-step outputs go back as `[n, T, ...]` with zeros
-past each row's length. Each row's length comes from, in order: the model's mask or lengths
+The rows of a `[n, T]` (or `[n, T, F]`, `[n, 3, 32, W]`: in the model's own axes) sequence
+tensor are n sequences, each cut to its own length; per-step outputs go back in their own axes
+with the steps of T (`[n, ceil(T / 4), V]` for a CTC head over subsampled frames), zeros past
+each row's own. Each row's length comes from, in order: the model's mask or lengths
 input when the request sends it; a `sequence_lengths` input `[n]` (integers) for a model that
 has neither; for a token model whose pad id is reserved (its mask, when it has no mask input),
 the first pad id in the row; otherwise T.
