@@ -21,9 +21,15 @@ from starlette.exceptions import HTTPException
 
 from serve.core.engine import Engine
 from serve.edges.http import contract, kserve_routes, predict
-from serve.edges.http.common import SERVER_VERSION, ClientGone, error_response, json_response
+from serve.edges.http.common import (
+    SERVER_VERSION,
+    ClientGone,
+    error_body,
+    error_response,
+    json_response,
+)
 from serve.edges.http.context import RequestContext
-from serve.errors import BucketserveError, InvalidInput, ModelNotReady, error_form
+from serve.errors import BucketserveError, InvalidInput, ModelNotReady
 from serve.loading import load_engine
 from serve.logs import Throttled
 from serve.metrics import Metrics
@@ -32,6 +38,15 @@ from serve.settings import Settings
 log = logging.getLogger(__name__)
 
 CLIENT_CLOSED = 499  # nginx's code for "client closed the request"; never actually delivered
+
+
+class RoutingError(BucketserveError):
+    """The framework's own refusals (no such route, a method the route does not take)."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
 
 
 def create_app(
@@ -93,7 +108,7 @@ def create_app(
                 request.url.path,
                 exc.message,
             )
-        return error_response(exc)
+        return error_response(exc, request.url.path)
 
     @app.exception_handler(ClientGone)
     async def on_client_gone(request: Request, exc: ClientGone) -> Response:
@@ -102,13 +117,14 @@ def create_app(
 
     @app.exception_handler(RequestValidationError)
     async def on_validation(request: Request, exc: RequestValidationError) -> Response:
-        return error_response(InvalidInput(str(exc.errors())))
+        return error_response(InvalidInput(str(exc.errors())), request.url.path)
 
     @app.exception_handler(HTTPException)
     async def on_http(request: Request, exc: HTTPException) -> Response:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        error = RoutingError(exc.status_code, code, str(exc.detail))
         return json_response(
-            error_form(code, str(exc.detail)),
+            error_body(error, request.url.path),
             exc.status_code,
             dict(exc.headers or {}),  # 405's Allow
         )
@@ -116,7 +132,8 @@ def create_app(
     @app.exception_handler(Exception)
     async def on_bug(request: Request, exc: Exception) -> Response:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return json_response(error_form(BucketserveError.code, "internal server error"), 500)
+        error = BucketserveError("internal server error")
+        return json_response(error_body(error, request.url.path), 500)
 
     app.add_middleware(
         RequestContext,

@@ -116,9 +116,16 @@ def json_response(
     return Response(body, status, headers, media_type="application/json")
 
 
-def error_response(error: BucketserveError) -> Response:
+def error_body(error: BucketserveError, path: str) -> dict[str, Any]:
+    """An error as the route family of `path` answers errors: the one error form."""
+    return error_form(error.code, error.message)
+
+
+def error_response(error: BucketserveError, path: str) -> Response:
+    """An error answered in the form of the route it came in on (`error_body`), with
+    Retry-After when the client should retry."""
     headers = {"Retry-After": str(error.retry_after_s)} if isinstance(error, Unavailable) else None
-    return json_response(error_form(error.code, error.message), error.status, headers)
+    return json_response(error_body(error, path), error.status, headers)
 
 
 def request_timeout_ms(request: Request) -> float | None:
