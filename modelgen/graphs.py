@@ -87,12 +87,16 @@ def encoder(
     ffn: int = 128,
     max_positions: int = 512,
     masked: bool = True,
+    pooled: bool = True,
+    axes: tuple[str, str] = ("batch", "seq"),
     seed: int = 0,
 ) -> onnx.ModelProto:
     """A BERT-like encoder: ids (+ mask, token types) -> per-token states and a pooled vector.
 
     With `masked=False` the graph has no mask input and pools over every position, padding
-    included: a deliberately pad-sensitive model for the pad-safety check.
+    included: a deliberately pad-sensitive model for the pad-safety check. With
+    `pooled=False` it gives the per-token states only, named on `axes`, as optimum's
+    feature-extraction export of a BERT does (`batch_size`, `sequence_length`).
     """
     g = _Graph(seed)
     ids = "input_ids"
@@ -144,6 +148,17 @@ def encoder(
         x = g.layer_norm(g.op("Add", x, g.linear(hidden, ffn, dim)), dim)
     g.nodes.append(helper.make_node("Identity", [x], ["last_hidden_state"]))
 
+    def io(name: str, elem: int, dims: list[int | str]) -> onnx.ValueInfoProto:
+        return helper.make_tensor_value_info(name, elem, dims)
+
+    batch, seq = axes
+    inputs = [io("input_ids", TensorProto.INT64, [batch, seq])]
+    if masked:
+        inputs.append(io("attention_mask", TensorProto.INT64, [batch, seq]))
+    inputs.append(io("token_type_ids", TensorProto.INT64, [batch, seq]))
+    outputs = [io("last_hidden_state", TensorProto.FLOAT, [batch, seq, dim])]
+    if not pooled:
+        return g.model("tiny_encoder", inputs, outputs)
     if masked:
         weights = g.op("Unsqueeze", mask_f, g.const("axis", np.array([2], np.int64)))
         summed = g.op(
@@ -153,23 +168,12 @@ def encoder(
             keepdims=0,
         )
         count = g.op("ReduceSum", mask_f, g.const("axis1b", np.array([1], np.int64)), keepdims=1)
-        pooled = g.op("Div", summed, count)
+        mean = g.op("Div", summed, count)
     else:
-        pooled = g.op("ReduceMean", x, g.const("axis1", np.array([1], np.int64)), keepdims=0)
-    norm = g.op("ReduceL2", pooled, g.const("axis_last", np.array([1], np.int64)), keepdims=1)
-    g.nodes.append(helper.make_node("Div", [pooled, norm], ["sentence_embedding"]))
-
-    def io(name: str, elem: int, dims: list[int | str]) -> onnx.ValueInfoProto:
-        return helper.make_tensor_value_info(name, elem, dims)
-
-    inputs = [io("input_ids", TensorProto.INT64, ["batch", "seq"])]
-    if masked:
-        inputs.append(io("attention_mask", TensorProto.INT64, ["batch", "seq"]))
-    inputs.append(io("token_type_ids", TensorProto.INT64, ["batch", "seq"]))
-    outputs = [
-        io("last_hidden_state", TensorProto.FLOAT, ["batch", "seq", dim]),
-        io("sentence_embedding", TensorProto.FLOAT, ["batch", dim]),
-    ]
+        mean = g.op("ReduceMean", x, g.const("axis1", np.array([1], np.int64)), keepdims=0)
+    norm = g.op("ReduceL2", mean, g.const("axis_last", np.array([1], np.int64)), keepdims=1)
+    g.nodes.append(helper.make_node("Div", [mean, norm], ["sentence_embedding"]))
+    outputs.append(io("sentence_embedding", TensorProto.FLOAT, [batch, dim]))
     return g.model("tiny_encoder", inputs, outputs)
 
 

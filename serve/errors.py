@@ -35,6 +35,7 @@ class BucketserveError(Exception):
 
     status: int = 500
     code: str = "internal"
+    param: str | None = None  # the request's field at fault, where one is (OpenAI's `param`)
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -91,6 +92,10 @@ class UnsupportedMediaType(BucketserveError):
 class InvalidInput(BucketserveError):
     status = 422
     code = "invalid_input"
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class Unavailable(BucketserveError):

@@ -31,6 +31,9 @@ GOOD = (MODELS / "tiny-encoder" / "config.toml").read_text()
         (("vocab_size = 2000\n", ""), "inputs.input_ids", "vocab_size"),
         (('role = "tokens"', 'role = "state"'), "(top level)", "exactly one input"),
         (("[batching]", "colour = 'red'\n[batching]"), "colour", "Extra inputs"),
+        (('output = "sentence_embedding"', 'output = "pooled"'), "(top level)", "not one of"),
+        (("normalize = true", "normalize = true\ndimensions = []"), "embedding.dimensions", "one"),
+        (('pooling = "none"', 'pooling = "median"'), "embedding.pooling", "mean"),
         (
             ("queue_capacity = 2048", "queue_capacity = 'lots'"),
             "batching.queue_capacity",
@@ -76,7 +79,9 @@ def test_config_that_disagrees_with_the_graph(
     tmp_models: Path, change: tuple[str, str], field: str
 ) -> None:
     assert change[0] in GOOD
-    model_dir = copy_bundled(tmp_models, "tiny-encoder", GOOD.replace(*change, 1))
+    # (the embedding made of the per-token states: an output every case keeps)
+    config = GOOD.replace('output = "sentence_embedding"', 'output = "last_hidden_state"')
+    model_dir = copy_bundled(tmp_models, "tiny-encoder", config.replace(*change, 1))
     with pytest.raises(ConfigError) as error:
         load_model_spec(model_dir)
     assert str(model_dir / "1" / "model.onnx") in str(error.value)

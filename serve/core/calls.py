@@ -18,6 +18,7 @@ import numpy as np
 
 from serve.core.layout import Outputs
 from serve.core.model import Model
+from serve.errors import InvalidInput
 
 # A body, or a request's items, this large is decoded in a worker thread (a hop there and back
 # is ~140 us): 64 KiB of JSON numbers take milliseconds, 8 MB ~150 ms, which on the event loop
@@ -76,6 +77,11 @@ class Texts:
         return sum(len(t) for t in self.texts) > INLINE_TEXT_CHARS
 
     def sequences(self, model: Model) -> list[np.ndarray]:
+        # An empty text means nothing to embed or tag (a tokenizer still makes it [CLS] [SEP]):
+        # refused, as OpenAI's API and text-embeddings-inference refuse it.
+        empty = next((i for i, text in enumerate(self.texts) if not text), None)
+        if empty is not None:
+            raise InvalidInput(f"text {empty}: empty")
         return [model.validate(seq, i) for i, seq in enumerate(model.encode(self.texts))]
 
 
@@ -93,7 +99,9 @@ class Call:
 
 @dataclass(frozen=True)
 class Answer:
-    """The outputs asked for, one dict per sequence in the request's order."""
+    """The outputs asked for, one dict per sequence in the request's order, and each
+    sequence's length as it was run (tokens after truncation, or steps)."""
 
     model: Model
     outputs: list[Outputs]
+    lengths: list[int]

@@ -143,7 +143,8 @@ class Engine:
             sequences = call.inputs.sequences(model)
         self.within_token_budget(sequences)
         outputs = await scheduler.infer(sequences, self.deadline(call.timeout_ms), call.request_id)
-        return Answer(model, [{name: out[name] for name in wanted} for out in outputs])
+        chosen = [{name: out[name] for name in wanted} for out in outputs]
+        return Answer(model, chosen, [len(s) for s in sequences])
 
     async def drain(self) -> bool:
         """Refuse new work, wait until everything admitted is answered; False on timeout.

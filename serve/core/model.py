@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from serve.core.bucketing import BucketKey, BucketPlan, Invariance
+from serve.core.embedding import Embedding
 from serve.core.layout import Layout, Outputs
 from serve.errors import InvalidInput
 
@@ -131,6 +132,7 @@ class ModelInfo:
     invariance: Invariance  # what batching was measured to do to the answers
     text_chars: int | None  # texts are cut to this many characters before tokenising
     served_config: Mapping[str, Any]  # the config route's body: the config as served
+    embedding: Embedding | None = None  # which output is its embedding, if it embeds
 
 
 class Model:

@@ -28,7 +28,7 @@ from serve.core.model import Model, ModelInfo, SequenceRules
 from serve.errors import ConfigError
 from serve.loading.check import Run, measure, thread_difference
 from serve.loading.config import BatchingConfig
-from serve.loading.layouts import Served, layout_of
+from serve.loading.layouts import Served, embedding_of, layout_of
 from serve.loading.pad_safe import pad_safe_spec
 from serve.loading.report import log_verdict, pad_safe_report, served_config
 from serve.loading.repository import ModelSpec, load_repository, not_loaded
@@ -93,6 +93,7 @@ def build_model(
     config, batching = spec.config, spec.config.batching
     layout, rules, served = checked.served.layout, checked.served.rules, checked.served
     invariance, failures, checked_s = checked.invariance, checked.failures, checked.seconds
+    embedding = embedding_of(spec, layout)
     policy = invariance.policy if batching.policy == "auto" else Policy(batching.policy)
     if served.single is not None:  # no config makes a model batch that cannot
         policy = Policy.SINGLE
@@ -140,6 +141,7 @@ def build_model(
         invariance=invariance,
         text_chars=config.tokenizer.chars if config.tokenizer is not None else None,
         served_config=described,
+        embedding=embedding,
     )
     model = Model(info, executor, tokenizer, lone)
     keys = plan.all_keys() if batching.prepare == "all" and policy is Policy.BUCKETS else []

@@ -162,6 +162,31 @@ class TokenizerConfig(_Strict):
         return self.max_chars or 32 * self.max_length
 
 
+class EmbeddingConfig(_Strict):
+    """Which output is the model's embedding, for the routes that answer embeddings (OpenAI's
+    /v1/embeddings)."""
+
+    output: str = Field(description="the output that holds it")
+    pooling: Literal["none", "mean", "cls", "last", "max", "mean_sqrt_len"] = Field(
+        default="none",
+        description="none: the output is one vector per sequence already; otherwise how a "
+        "per-step output's steps (the sequence's own, never padding) become one vector",
+    )
+    normalize: bool = Field(default=False, description="L2-normalise the vector")
+    dimensions: list[int] | Literal["any"] | None = Field(
+        default=None,
+        description="the widths a request may cut it to (then normalised again), or 'any' "
+        "(Matryoshka-trained); default: it may not be cut",
+    )
+
+    @field_validator("dimensions")
+    @classmethod
+    def _positive(cls, widths: list[int] | str | None) -> list[int] | str | None:
+        if isinstance(widths, list) and (not widths or min(widths) <= 0):
+            raise ValueError("dimensions are positive widths (at least one)")
+        return widths
+
+
 class ModelConfig(_Strict):
     version: int | None = Field(default=None, description="version folder; default: the newest")
     mode: Literal["bucketing", "mutable"] = "bucketing"
@@ -171,6 +196,7 @@ class ModelConfig(_Strict):
     outputs: dict[str, OutputConfig] = Field(min_length=1)
     batching: BatchingConfig
     tokenizer: TokenizerConfig | None = None
+    embedding: EmbeddingConfig | None = None
     build: str | None = Field(
         default=None, description="`bucketserve models build` recipe that makes this model's files"
     )
@@ -199,6 +225,11 @@ class ModelConfig(_Strict):
                 raise ValueError(f"at most one input may have role '{role.value}'; found {named}")
         if self.tokenizer is not None and self.inputs[sequence[0]].role is not InputRole.TOKENS:
             raise ValueError("a tokenizer needs a 'tokens' input")
+        if self.embedding is not None and self.embedding.output not in self.outputs:
+            raise ValueError(
+                f"embedding.output {self.embedding.output!r} is not one of the outputs "
+                f"{sorted(self.outputs)}"
+            )
         return self
 
     @property

@@ -1,7 +1,7 @@
 """From a spec, what the request path will read: the layout of every tensor (roles, dtypes,
 batch and time axes, each output's steps; what the dim names leave open found by running the
-model, `probe`) and the rules one valid sequence follows (vocabulary, reserved ids, the shape of
-a step, the shortest length).
+model, `probe`), the rules one valid sequence follows (vocabulary, reserved ids, the shape of
+a step, the shortest length), and the embedding rule, checked against the layout.
 """
 
 from __future__ import annotations
@@ -10,8 +10,10 @@ import dataclasses
 import functools
 from dataclasses import dataclass
 
+from serve.core.embedding import Embedding, Pooling
 from serve.core.layout import Input, InputRole, Layout, Tensor
 from serve.core.model import SequenceRules
+from serve.errors import ConfigError
 from serve.loading.axes import Axes
 from serve.loading.check import Run
 from serve.loading.probe import probe
@@ -87,3 +89,30 @@ def reserved_ids(spec: ModelSpec) -> list[int]:
         return sorted(set(cfg.reserved_ids))
     told = {InputRole.MASK, InputRole.LENGTHS} & {i.role for i in spec.config.inputs.values()}
     return [] if told else [int(cfg.pad_value)]
+
+
+def embedding_of(spec: ModelSpec, layout: Layout) -> Embedding | None:
+    """The config's `[embedding]`, checked against the output it names: one vector per
+    sequence for pooling "none", one vector per step for the others."""
+    config = spec.config.embedding
+    if config is None:
+        return None
+    tensor = layout.output(config.output)
+    row = [d for i, d in enumerate(tensor.dims) if i not in (tensor.batch_axis, tensor.time_axis)]
+    pooling = Pooling(config.pooling)
+    wanted = "one vector per sequence" if pooling is Pooling.NONE else "one vector per step"
+    if len(row) != 1 or tensor.per_step == (pooling is Pooling.NONE):
+        shape = ["T" if i == tensor.time_axis else d for i, d in enumerate(tensor.dims)]
+        raise ConfigError(
+            f"model {spec.name}: embedding: pooling {pooling.value!r} needs {wanted}, but "
+            f"output {tensor.name} is {shape} per batch"
+        )
+    width = row[0]
+    widths = config.dimensions
+    if isinstance(widths, list) and width is not None and max(widths) > width:
+        raise ConfigError(
+            f"model {spec.name}: embedding.dimensions: {max(widths)} is wider than the "
+            f"embedding ({width})"
+        )
+    dimensions = tuple(sorted(set(widths))) if isinstance(widths, list) else widths or ()
+    return Embedding(config.output, pooling, config.normalize, width, dimensions)

@@ -1,5 +1,6 @@
 """The `bucketserve` command: `serve` the model repository, `plan` bucket edges, `probe` a running
-server's health (container health checks), `models build` the bundled models."""
+server's health (container health checks), `models build` the bundled models, `models import`
+a Hugging Face export folder."""
 
 from __future__ import annotations
 
@@ -103,6 +104,31 @@ def _models_build(args: argparse.Namespace) -> int:
     return 0
 
 
+def _models_import(args: argparse.Namespace) -> int:
+    from serve.loading.importer import import_model
+
+    imported = import_model(args.path, args.models, args.name)
+    model, served = imported.model, imported.model.info.served_config
+    check = served["check"]
+    print(f"wrote {imported.entry}: the ONNX file, tokenizer.json and this config.toml\n")
+    print(imported.config)
+    print(f"model {model.name} v{model.info.version} loaded and checked:")
+    print(
+        f"  {check['policy']}: padding moves its outputs by {check['padding']}, batching by "
+        f"{check['batching']} (tolerance {check['tolerance']}); served as "
+        f"{served['batching']['policy']}"
+    )
+    embedding = model.info.embedding
+    if embedding is not None:
+        print(
+            f"  embedding: {embedding.output}, pooling {embedding.pooling.value}, "
+            f"{'normalised' if embedding.normalize else 'not normalised'}, width {embedding.width}"
+        )
+    for note in imported.notes:
+        print(f"  note: {note}")
+    return 0
+
+
 def _converter(name: str, type_name: str) -> Callable[[str], Any]:
     def convert(raw: str) -> Any:
         try:
@@ -187,6 +213,22 @@ def parser() -> argparse.ArgumentParser:
         help="model repository folder (default: ./models)",
     )
     build.set_defaults(run=_models_build)
+    imports = models_commands.add_parser(
+        "import",
+        help="turn a Hugging Face ONNX export folder into a repository entry",
+        description="Read a folder that optimum-cli or sentence-transformers wrote (model.onnx, "
+        "tokenizer.json, config.json, 1_Pooling/...), write models/NAME with its config, then "
+        "load and check it as the server would. Reads the local folder only.",
+    )
+    imports.add_argument("path", type=Path, help="the export folder")
+    imports.add_argument("--name", help="the entry's name (default: the folder's)")
+    imports.add_argument(
+        "--models",
+        type=Path,
+        default=Path("models"),
+        help="model repository folder (default: ./models)",
+    )
+    imports.set_defaults(run=_models_import)
     return top
 
 

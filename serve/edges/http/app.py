@@ -20,7 +20,7 @@ from fastapi.responses import PlainTextResponse
 from starlette.exceptions import HTTPException
 
 from serve.core.engine import Engine
-from serve.edges.http import contract, kserve_routes, predict
+from serve.edges.http import contract, kserve_routes, openai_api, predict
 from serve.edges.http.common import (
     SERVER_VERSION,
     ClientGone,
@@ -77,6 +77,7 @@ def create_app(
     app.state.metrics = metrics
     app.include_router(predict.router)
     app.include_router(kserve_routes.router)
+    app.include_router(openai_api.router)
     if engine is not None:
         versions = [str(model.info.version) for model in engine.models.values()]
         names = [*engine.models, *engine.failed]

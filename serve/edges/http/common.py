@@ -27,6 +27,7 @@ from serve.errors import (
 T = TypeVar("T")
 
 TIMEOUT_HEADER = "x-request-timeout-ms"
+OPENAI_PREFIX = "/v1/"  # the routes of OpenAI's API
 SERVER_VERSION = version("bucketserve")  # pyproject.toml's
 JSON = "application/json"
 BINARY = "application/octet-stream"
@@ -117,8 +118,14 @@ def json_response(
 
 
 def error_body(error: BucketserveError, path: str) -> dict[str, Any]:
-    """An error as the route family of `path` answers errors: the one error form."""
-    return error_form(error.code, error.message)
+    """An error as the route family of `path` answers errors: OpenAI's form on its routes
+    (the one error form with `type` and `param` added, which its SDKs read), the one error
+    form everywhere else."""
+    detail: dict[str, Any] = error_form(error.code, error.message)["error"]
+    if path.startswith(OPENAI_PREFIX):
+        kind = "server_error" if error.status >= 500 else "invalid_request_error"
+        detail |= {"type": kind, "param": error.param}
+    return {"error": detail}
 
 
 def error_response(error: BucketserveError, path: str) -> Response:

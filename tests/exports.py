@@ -1,0 +1,164 @@
+"""Export folders as optimum and sentence-transformers write them, made here: a small
+BERT-shaped ONNX graph (per-token states only, on optimum's axis names), a real `tokenizers`
+WordPiece tokenizer saved with the padding and truncation Hugging Face tokenizers carry, and
+the sentence-transformers files that say how to pool (`modules.json`, `sentence_bert_config.json`,
+`1_Pooling/config.json`).
+
+`pooled_reference` computes what the folder's pooling config prescribes from per-token states,
+written here apart from the server's embedding rule.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, processors
+from tokenizers.models import WordPiece
+
+from modelgen.graphs import encoder
+from modelgen.save import save_model
+
+SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+WORDS = """
+the a an of to in on for with is was are be by at as it this that from or and not but model
+server batch bucket length sequence token text word embed query answer fast slow exact padding
+runtime graph onnx serve request reply cat dog house river tree book read write run walk blue
+green red small large long short new old good bad day night
+""".split()  # noqa: SIM905 (a paragraph reads better than 69 quoted words)
+LETTERS = list("abcdefghijklmnopqrstuvwxyz0123456789.,!?'-")
+WIDTH = 32
+MAX_SEQ_LENGTH = 64
+
+
+def vocabulary() -> dict[str, int]:
+    pieces = SPECIALS + WORDS + LETTERS + [f"##{c}" for c in LETTERS]
+    return {piece: i for i, piece in enumerate(dict.fromkeys(pieces))}
+
+
+def tokenizer() -> Tokenizer:
+    """A BERT-style tokenizer, saved as Hugging Face saves all-MiniLM's: padding every text to
+    128 and truncating there (what import must turn off, and set to the model's length)."""
+    vocab = vocabulary()
+    tok = Tokenizer(WordPiece(vocab, unk_token="[UNK]", max_input_chars_per_word=100))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])],
+    )
+    tok.decoder = decoders.WordPiece()
+    tok.enable_padding(pad_id=0, pad_token="[PAD]", length=128)
+    tok.enable_truncation(128)
+    return tok
+
+
+def write_export(
+    folder: Path,
+    *,
+    pooling: str = "mean",
+    normalize: bool = True,
+    onnx_in_subfolder: bool = False,
+    sentence_transformers: bool = True,
+) -> Path:
+    """An export folder; `onnx_in_subfolder`: the ONNX file in onnx/, as sentence-transformers'
+    ONNX backend saves it; `sentence_transformers=False`: optimum's files only."""
+    folder.mkdir(parents=True)
+    vocab = vocabulary()
+    graph = encoder(
+        vocab=len(vocab),
+        dim=WIDTH,
+        heads=4,
+        ffn=64,
+        pooled=False,
+        axes=("batch_size", "sequence_length"),
+        seed=7,
+    )
+    save_model(graph, folder / ("onnx" if onnx_in_subfolder else ".") / "model.onnx")
+    tokenizer().save(str(folder / "tokenizer.json"))
+    config = {
+        "architectures": ["BertModel"],
+        "model_type": "bert",
+        "vocab_size": len(vocab),
+        "hidden_size": WIDTH,
+        "max_position_embeddings": 512,
+        "pad_token_id": 0,
+    }
+    _write(folder / "config.json", config)
+    if not sentence_transformers:
+        return folder
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {
+            "idx": 1,
+            "name": "1",
+            "path": "1_Pooling",
+            "type": "sentence_transformers.models.Pooling",
+        },
+    ]
+    if normalize:
+        modules.append(
+            {
+                "idx": 2,
+                "name": "2",
+                "path": "2_Normalize",
+                "type": "sentence_transformers.models.Normalize",
+            }
+        )
+    _write(folder / "modules.json", modules)
+    _write(
+        folder / "sentence_bert_config.json",
+        {"max_seq_length": MAX_SEQ_LENGTH, "do_lower_case": False},
+    )
+    flags = {
+        "pooling_mode_cls_token": "cls",
+        "pooling_mode_mean_tokens": "mean",
+        "pooling_mode_max_tokens": "max",
+        "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len",
+        "pooling_mode_weightedmean_tokens": "weightedmean",
+        "pooling_mode_lasttoken": "last",
+    }
+    pooling_config = {"word_embedding_dimension": WIDTH, "include_prompt": True}
+    pooling_config |= {flag: mode == pooling for flag, mode in flags.items()}
+    _write(folder / "1_Pooling" / "config.json", pooling_config)
+    return folder
+
+
+def _write(path: Path, content: object) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(content, indent=2))
+
+
+def pooled_reference(states: np.ndarray, pooling: str, normalize: bool) -> np.ndarray:
+    """What sentence-transformers' Pooling (and Normalize) computes from one text's per-token
+    states [T, W], in float64."""
+    states = np.asarray(states, np.float64)
+    if pooling == "mean":
+        vector = states.mean(axis=0)
+    elif pooling == "cls":
+        vector = states[0]
+    elif pooling == "max":
+        vector = states.max(axis=0)
+    elif pooling == "last":
+        vector = states[-1]
+    elif pooling == "mean_sqrt_len":
+        vector = states.sum(axis=0) / np.sqrt(len(states))
+    else:
+        raise ValueError(pooling)
+    if normalize:
+        vector = vector / max(np.linalg.norm(vector), 1e-12)
+    return vector
+
+
+def texts(count: int, seed: int = 0) -> list[str]:
+    """Texts of mixed lengths (1 to ~60 tokens), some words unknown to the vocabulary (cut
+    into letter pieces)."""
+    rng = np.random.default_rng(seed)
+    extra = ["bucketserve", "tokenizer", "zebra", "quixotic", "42"]
+    pool = WORDS + extra
+    return [
+        " ".join(rng.choice(pool, size=int(rng.integers(1, 24))).tolist()).capitalize() + "."
+        for _ in range(count)
+    ]

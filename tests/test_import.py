@@ -1,0 +1,234 @@
+"""`bucketserve models import`: export folders as optimum and sentence-transformers write them,
+turned into repository entries, served, and embedding what the folder's pooling config
+prescribes, computed here from the export's own graph run alone."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from tokenizers import Tokenizer
+
+from serve.errors import ConfigError
+from serve.loading import load_engine
+from serve.loading.importer import bucket_edges, import_model
+from serve.runtime.sessions import own_pools_allowed
+from serve.settings import Settings
+from tests.exports import MAX_SEQ_LENGTH, pooled_reference, texts, write_export
+from tests.helpers import serving
+
+
+def states_alone(folder: Path, text: str) -> np.ndarray:
+    """The export's own graph, on one text tokenised by its own tokenizer without padding:
+    per-token states [T, W]."""
+    onnx_path = next(
+        p for p in (folder / "model.onnx", folder / "onnx" / "model.onnx") if p.exists()
+    )
+    options = ort.SessionOptions()
+    options.use_per_session_threads = own_pools_allowed()  # (as the engine's process allows)
+    session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tokenizer.no_padding()
+    tokenizer.enable_truncation(MAX_SEQ_LENGTH)
+    ids = np.asarray([tokenizer.encode(text).ids], np.int64)
+    feeds = {
+        "input_ids": ids,
+        "attention_mask": np.ones_like(ids),
+        "token_type_ids": np.zeros_like(ids),
+    }
+    (states,) = session.run(["last_hidden_state"], feeds)
+    return np.asarray(states[0])
+
+
+async def embeddings(models: Path, name: str, batch: list[str]) -> list[np.ndarray]:
+    engine = load_engine(Settings(models=models))
+    async with serving(engine) as client:
+        response = await client.post(
+            "/v1/embeddings", json={"model": name, "input": batch, "encoding_format": "float"}
+        )
+    assert response.status_code == 200, response.text
+    return [np.asarray(d["embedding"]) for d in response.json()["data"]]
+
+
+@pytest.mark.parametrize(
+    ("pooling", "normalize"),
+    [("mean", True), ("cls", False), ("max", True), ("mean_sqrt_len", False), ("last", True)],
+)
+async def test_each_pooling_the_folder_prescribes(
+    tmp_path: Path, pooling: str, normalize: bool
+) -> None:
+    folder = write_export(tmp_path / "export", pooling=pooling, normalize=normalize)
+    imported = import_model(folder, tmp_path / "models", "st")
+    embedding = imported.model.info.embedding
+    assert embedding is not None
+    assert (embedding.output, embedding.pooling.value, embedding.normalize) == (
+        "last_hidden_state",
+        pooling,
+        normalize,
+    )
+    batch = texts(12, seed=2)
+    served = await embeddings(tmp_path / "models", "st", batch)
+    for text, got in zip(batch, served, strict=True):
+        want = pooled_reference(states_alone(folder, text), pooling, normalize)
+        np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+def test_the_config_it_writes(tmp_path: Path) -> None:
+    imported = import_model(write_export(tmp_path / "My Export"), tmp_path / "models")
+    assert imported.entry == tmp_path / "models" / "my-export"
+    config = tomllib.loads((imported.entry / "config.toml").read_text())
+    assert {n: i["role"] for n, i in config["inputs"].items()} == {
+        "input_ids": "tokens",
+        "attention_mask": "mask",
+        "token_type_ids": "token_types",
+    }
+    assert config["inputs"]["input_ids"]["vocab_size"] > 100
+    assert config["tokenizer"]["max_length"] == MAX_SEQ_LENGTH  # sentence_bert_config's
+    assert config["batching"]["buckets"] == [16, 24, 32, 48, 64]
+    assert config["embedding"] == {
+        "output": "last_hidden_state",
+        "pooling": "mean",
+        "normalize": True,
+    }
+    assert sorted(p.name for p in (imported.entry / "1").iterdir()) == [
+        "model.onnx",
+        "model.onnx.data",
+        "tokenizer.json",
+    ]
+    # The saved tokenizer pads every text to 128: served, a text is its own tokens only, and
+    # truncated at the model's 64.
+    model = imported.model
+    assert len(model.encode(["a cat"])[0]) == 4  # [CLS] a cat [SEP]
+    assert len(model.encode(["cat " * 200])[0]) == MAX_SEQ_LENGTH
+
+
+def test_an_onnx_subfolder_and_an_optimum_folder_without_pooling(tmp_path: Path) -> None:
+    sub = import_model(write_export(tmp_path / "st", onnx_in_subfolder=True), tmp_path / "m")
+    assert sub.model.info.embedding is not None
+    plain = import_model(
+        write_export(tmp_path / "plain", sentence_transformers=False), tmp_path / "m"
+    )
+    assert plain.model.info.embedding is None  # served for /predict and v2, not /v1/embeddings
+    assert "1_Pooling" in plain.notes[0]
+    assert plain.model.info.rules.max_length == 512  # config.json's max_position_embeddings
+
+
+def test_refusals_leave_nothing_behind(tmp_path: Path) -> None:
+    models = tmp_path / "models"
+    folder = write_export(tmp_path / "export")
+    import_model(folder, models, "one")
+    with pytest.raises(ConfigError, match="already in the repository"):
+        import_model(folder, models, "one")
+    (folder / "tokenizer.json").unlink()
+    with pytest.raises(ConfigError, match=r"no tokenizer\.json"):
+        import_model(folder, models, "two")
+    broken = write_export(tmp_path / "broken")
+    config = (broken / "config.json").read_text()
+    (broken / "config.json").write_text(config.replace('"vocab_size": 157', '"vocab_size": 50000'))
+    with pytest.raises(Exception, match=r"(?i)index|gather|out of|indices"):
+        import_model(broken, models, "broken")  # ids past the graph's table fail the check
+    assert sorted(p.name for p in models.iterdir()) == ["one"]  # no half-written entry
+
+
+def test_the_command_prints_what_it_wrote_and_the_verdict(tmp_path: Path) -> None:
+    folder = write_export(tmp_path / "export", pooling="cls")
+    command = [sys.executable, "-m", "serve.process.cli", "models", "import", str(folder)]
+    command += ["--name", "cls-model", "--models", str(tmp_path / "models")]
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+    assert "[embedding]" in result.stdout
+    assert 'pooling = "cls"' in result.stdout
+    assert "buckets: padding moves its outputs by 0" in result.stdout
+    assert "served as buckets" in result.stdout
+    again = subprocess.run(command, capture_output=True, text=True, check=False)
+    assert again.returncode == 2
+    assert "already in the repository" in again.stderr
+
+
+def test_edges_reach_the_longest_length() -> None:
+    assert bucket_edges(64) == [16, 24, 32, 48, 64]
+    assert bucket_edges(256)[-3:] == [128, 192, 256]
+    assert bucket_edges(200)[-2:] == [192, 200]
+    assert bucket_edges(8) == [8]
+    assert bucket_edges(512) == [16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512]
+
+
+# -- the full tier: all-MiniLM-L6-v2's own folder, exported here as optimum exports it --------
+
+
+def export_minilm(folder: Path) -> Any:
+    """all-MiniLM-L6-v2's files (from the package the minilm build reads), with its BERT
+    exported to ONNX as optimum's feature-extraction does: per-token states only. Returns
+    the torch model (for the reference numbers)."""
+    import torch
+    from transformers import AutoModel
+
+    from modelgen.minilm import _model_source
+
+    source = _model_source()
+    shutil.copytree(source, folder, ignore=shutil.ignore_patterns("*.safetensors", "*.bin"))
+    bert = AutoModel.from_pretrained(source, local_files_only=True, attn_implementation="eager")
+    bert.eval()
+
+    class States(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bert = bert
+
+        def forward(self, input_ids: Any, attention_mask: Any, token_type_ids: Any) -> Any:
+            return self.bert(
+                input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
+            ).last_hidden_state
+
+    ids = torch.randint(1000, 30000, (2, 16))
+    mask = torch.ones(2, 16, dtype=torch.long)
+    mask[1, 9:] = 0
+    axes = {0: "batch_size", 1: "sequence_length"}
+    torch.onnx.export(
+        States().eval(),
+        (ids, mask, torch.zeros_like(ids)),
+        str(folder / "model.onnx"),
+        dynamo=False,
+        opset_version=17,
+        input_names=["input_ids", "attention_mask", "token_type_ids"],
+        output_names=["last_hidden_state"],
+        dynamic_axes={
+            n: axes for n in ("input_ids", "attention_mask", "token_type_ids", "last_hidden_state")
+        },
+    )
+    return bert
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore")  # the exporter's own deprecation and tracer warnings
+async def test_minilm_folder_imported_embeds_as_sentence_transformers(
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip("torch")
+    import torch
+
+    folder = tmp_path / "all-MiniLM-L6-v2"
+    bert = export_minilm(folder)
+    imported = import_model(folder, tmp_path / "models")
+    embedding = imported.model.info.embedding
+    assert embedding is not None
+    assert (embedding.pooling.value, embedding.normalize) == ("mean", True)
+    assert imported.model.info.rules.max_length == 256  # sentence_bert_config's max_seq_length
+    batch = [*texts(10, seed=4), "A man is eating food.", "word " * 300]
+    served = await embeddings(tmp_path / "models", imported.entry.name, batch)
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tokenizer.no_padding()
+    tokenizer.enable_truncation(256)
+    with torch.no_grad():
+        for text, got in zip(batch, served, strict=True):
+            ids = torch.tensor([tokenizer.encode(text).ids])
+            states = bert(input_ids=ids, attention_mask=torch.ones_like(ids)).last_hidden_state
+            want = torch.nn.functional.normalize(states.mean(dim=1), p=2, dim=1)[0].numpy()
+            np.testing.assert_allclose(got, want, atol=1e-5)
