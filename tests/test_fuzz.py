@@ -50,11 +50,16 @@ OPERATIONS = [
     "POST /v2/models/{name}/infer",
     "POST /v2/models/{name}/versions/{version}/infer",
     "GET /metrics",
+    "POST /v1/embeddings",
+    "GET /v1/models",
+    "GET /v1/models/{name}",
 ]
 # Requests that break the schema exist only where there is something to break: a parameter
 # or a body.
 RUNS = [(op, GenerationMode.POSITIVE) for op in OPERATIONS] + [
-    (op, GenerationMode.NEGATIVE) for op in OPERATIONS if "{name}" in op or op == "POST /predict"
+    (op, GenerationMode.NEGATIVE)
+    for op in OPERATIONS
+    if "{name}" in op or op in ("POST /predict", "POST /v1/embeddings")
 ]
 SEEN: dict[GenerationMode, Counter[int]] = {mode: Counter() for mode in GenerationMode}
 CHECKS = [

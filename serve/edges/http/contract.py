@@ -26,8 +26,8 @@ def describe_server(
     app: FastAPI, names: Iterable[str], versions: Iterable[str], max_sequences: int
 ) -> None:
     """The document as this server takes requests: model names (the `{name}` path parameter,
-    /predict's `model`) and `{version}`s are the repository's, and /predict takes at most
-    `max_sequences` items."""
+    the `model` of /predict and /v1/embeddings) and `{version}`s are the repository's, and
+    /predict takes at most `max_sequences` items."""
     known = {"name": sorted(set(names)), "version": sorted(set(versions))}
     models = {"type": "string", "enum": known["name"]}
     document = app.openapi
@@ -48,6 +48,9 @@ def describe_server(
                 for field in ("sequences", "text"):
                     if field in fields:
                         fields[field]["maxItems"] = max_sequences
+            embeddings = schema["paths"]["/v1/embeddings"]["post"]["requestBody"]["content"]
+            fields = embeddings["application/json"]["schema"]["properties"]
+            fields["model"] |= models
             app.openapi_schema = schema
         return app.openapi_schema
 

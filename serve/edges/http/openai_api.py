@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal
 
 import numpy as np
 from fastapi import APIRouter, Request, Response
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
 
 from serve.core.calls import Call, Inputs, Sequences, Texts
 from serve.core.embedding import Embedding
@@ -35,14 +35,14 @@ from serve.edges.http.common import (
     request_timeout_ms,
     unless_client_leaves,
 )
-from serve.edges.http.schemas import WHY, inlined
+from serve.edges.http.schemas import WHY, Integer, Positive, inlined
 from serve.errors import BucketserveError, InvalidInput, MalformedRequest
 
 router = APIRouter(prefix="/v1", tags=["OpenAI"])
 
 STARTED = int(time.time())  # `created` of every model: when this server loaded it
 
-Ids = Annotated[list[StrictInt], Field(min_length=1)]
+Ids = Annotated[list[Integer], Field(min_length=1)]
 
 
 class EmbeddingsBody(BaseModel):
@@ -61,7 +61,7 @@ class EmbeddingsBody(BaseModel):
     encoding_format: Literal["float", "base64"] = Field(
         "float", description="base64: the little-endian float32 bytes"
     )
-    dimensions: Annotated[StrictInt, Field(ge=1)] | None = Field(
+    dimensions: Positive | None = Field(
         None, description="cut to this width, for a model whose config allows it"
     )
     user: StrictStr | None = Field(None, description="accepted and ignored")
@@ -216,11 +216,11 @@ async def models(request: Request) -> Response:
 
 
 @router.get(
-    "/models/{model}",
+    "/models/{name}",
     response_model=ModelCard,
     responses=openai_errors(404, 422, 503),
     summary="One model that embeds",
 )
-async def model(request: Request, model: str) -> Response:
-    embedding_of(engine_of(request).model(model))
-    return json_response(card(model))
+async def model(request: Request, name: str) -> Response:
+    embedding_of(engine_of(request).model(name))
+    return json_response(card(name))

@@ -57,7 +57,9 @@ def _integral(value: Any) -> Any:
     return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
+Integer = Annotated[int, BeforeValidator(_integral)]
 Count = Annotated[int, Field(ge=0), BeforeValidator(_integral)]
+Positive = Annotated[int, Field(ge=1), BeforeValidator(_integral)]
 
 
 class TensorParameters(_Strict):
