@@ -13,7 +13,7 @@ import numpy as np
 
 from loadtest.loadgen import Connect, Connection
 from serve.edges.grpc.messages import MESSAGE_CLASSES, SERVICE
-from serve.edges.kserve import DATATYPE_OF
+from serve.edges.tensors import DATATYPE_OF
 
 
 def infer_request(model: str, inputs: dict[str, np.ndarray], outputs: list[str]) -> bytes:

@@ -9,7 +9,8 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from serve.edges.kserve import DATATYPES, Unsigned, V2Request, WireTensor, timeout_ms
+from serve.edges.kserve import Unsigned, V2Request, timeout_ms
+from serve.edges.tensors import DATATYPES, WireTensor
 from serve.errors import InvalidInput, MalformedRequest, quoted
 
 CONTENTS = {  # datatype -> the typed-contents field it travels in (FP16 has none: raw only)

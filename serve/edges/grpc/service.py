@@ -35,7 +35,8 @@ from serve.core.model import Model
 from serve.edges import kserve
 from serve.edges.grpc.decoding import decode_request
 from serve.edges.grpc.messages import MESSAGE_CLASSES, METHODS, SERVICE
-from serve.edges.kserve import DATATYPE_OF, metadata
+from serve.edges.kserve import metadata
+from serve.edges.tensors import DATATYPE_OF
 from serve.errors import BucketserveError, MalformedRequest, ModelNotReady, brief
 from serve.logs import Throttled, request_id
 from serve.metrics import Metrics

@@ -17,7 +17,8 @@ import orjson
 
 from serve.edges.http.common import parse_json
 from serve.edges.http.schemas import InferRequest, InputTensor, validate
-from serve.edges.kserve import DATATYPE_OF, V2Request, WireTensor, timeout_ms
+from serve.edges.kserve import V2Request, timeout_ms
+from serve.edges.tensors import DATATYPE_OF, WireTensor
 from serve.errors import InvalidInput, MalformedRequest
 
 

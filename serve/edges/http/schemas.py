@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
-from serve.edges.kserve import Datatype
+from serve.edges.tensors import Datatype
 from serve.errors import MalformedRequest
 
 NAME = Field(min_length=1, max_length=256)
