@@ -271,8 +271,8 @@ CASES: list[Case] = [
         "/v2/models/tiny-encoder/infer",
         v2([ids([1, 1], ["a"], dtype="BYTES")]),
         {},
-        400,  # the schema's datatypes are an enum
-        "malformed",
+        422,  # BYTES is for texts, in the input `text`
+        "invalid_input",
     ),
     (
         "v2-count-mismatch",

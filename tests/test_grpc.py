@@ -17,6 +17,8 @@ import numpy as np
 import pytest
 
 from loadtest.process import free_port
+from serve.loading.importer import import_model
+from tests.exports import texts, write_export
 from tests.helpers import copy_bundled, padded, server_process
 
 pytestmark = pytest.mark.slow  # the full tier: real server processes
@@ -45,6 +47,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]
     root = tmp_path_factory.mktemp("grpc") / "models"
     root.mkdir()
     copy_bundled(root, "tiny-encoder")
+    import_model(write_export(root.parent / "export"), root, "st")  # a tokenizer: text in
     with start(root) as (url, address, _, _):
         yield url, address
 
@@ -132,6 +135,28 @@ def test_asyncio_client_gets_the_same_answers(server: tuple[str, str]) -> None:
         return first.as_numpy("sentence_embedding"), first.as_numpy("last_hidden_state")
 
     assert_matches(*asyncio.run(ask()), url)
+
+
+def test_text_as_bytes_raw_and_typed_matches_predict_text(server: tuple[str, str]) -> None:
+    url, address = server
+    batch = [*texts(6, seed=12), "héllo wörld ✓"]
+    predicted = httpx.post(f"{url}/predict", json={"model": "st", "text": batch}).json()["outputs"]
+    client = grpcclient.InferenceServerClient(address)
+    strings = grpcclient.InferInput("text", [len(batch)], "BYTES")
+    strings.set_data_from_numpy(np.array([t.encode() for t in batch], object))  # raw contents
+    raw = client.infer("st", [strings]).as_numpy("last_hidden_state")
+    typed = service_pb2.ModelInferRequest(model_name="st")  # bytes_contents, built by hand
+    tensor = typed.inputs.add(name="text", datatype="BYTES", shape=[len(batch)])
+    tensor.contents.bytes_contents.extend(t.encode() for t in batch)
+    answer = raw_stub(address).ModelInfer(typed)  # type: ignore[attr-defined]
+    (output,) = [o for o in answer.outputs if o.name == "last_hidden_state"]
+    index = [o.name for o in answer.outputs].index("last_hidden_state")
+    shape = list(output.shape)
+    from_typed = np.frombuffer(answer.raw_output_contents[index], "<f4").reshape(shape)
+    for hidden in (raw, from_typed):
+        for row, want in enumerate(predicted):
+            steps = np.asarray(want["last_hidden_state"])
+            np.testing.assert_allclose(hidden[row, : len(steps)], steps, atol=1e-6)
 
 
 def raw_stub(address: str) -> object:

@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 
 from serve.loading.check import random_sequences
+from serve.loading.importer import import_model
 from serve.loading.layouts import sequence_rules
+from tests.exports import texts, write_export
 from tests.helpers import Reference, copy_bundled, padded, server_process, spec_of
 from tests.zoo import add_to
 
@@ -27,6 +29,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> object:
     copy_bundled(root, "tiny-lstm")
     add_to(root, "keras-bilstm")  # tf2onnx-shaped, int32 ids, no mask: its pad id is the mask
     add_to(root, "int8-bilstm")  # no mask, and batch-variant: served one sequence per run
+    import_model(write_export(root.parent / "export"), root, "st")  # a tokenizer: text in
     with server_process(root, "--default-model", "tiny-encoder") as (_, url, _log):
         yield url, root
 
@@ -67,6 +70,24 @@ def test_encoder_through_tritonclient_matches_predict(
         np.testing.assert_allclose(embeddings[row], want["sentence_embedding"], atol=1e-6)
         np.testing.assert_allclose(hidden[row, : len(seq)], want["last_hidden_state"], atol=1e-6)
         assert not hidden[row, len(seq) :].any()  # zeros past each row's length
+
+
+@pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
+def test_text_as_bytes_through_tritonclient_matches_predict_text(
+    server: tuple[str, Path], binary: bool
+) -> None:
+    url, _ = server
+    batch = [*texts(6, seed=11), "héllo wörld ✓"]
+    client = httpclient.InferenceServerClient(url=url.removeprefix("http://"))
+    strings = httpclient.InferInput("text", [len(batch), 1], "BYTES")
+    strings.set_data_from_numpy(np.array([[t.encode()] for t in batch], object), binary_data=binary)
+    result = client.infer("st", [strings])
+    predicted = httpx.post(f"{url}/predict", json={"model": "st", "text": batch}).json()["outputs"]
+    hidden = result.as_numpy("last_hidden_state")
+    for row, want in enumerate(predicted):
+        steps = np.asarray(want["last_hidden_state"])
+        np.testing.assert_allclose(hidden[row, : len(steps)], steps, atol=1e-6)
+        assert not hidden[row, len(steps) :].any()
 
 
 def test_features_model_with_lengths_and_default_binary_outputs(server: tuple[str, Path]) -> None:

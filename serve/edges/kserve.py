@@ -11,6 +11,10 @@ each row's own. Each row's length comes from, in order: the model's mask or leng
 input when the request sends it; a `sequence_lengths` input `[n]` (integers) for a model that
 has neither; for a token model whose pad id is reserved (its mask, when it has no mask input),
 the first pad id in the row; otherwise T.
+
+A model with a tokenizer also takes a BYTES input `text` ([n] or [n, 1]) in place of its token
+inputs: n texts, tokenised and checked as /predict's `text`; per-step outputs then come back
+padded to the longest of them.
 """
 
 from __future__ import annotations
@@ -22,14 +26,23 @@ from typing import Any
 
 import numpy as np
 
-from serve.core.calls import OFF_LOOP_BYTES, Answer, Call
+from serve.core.calls import OFF_LOOP_BYTES, Answer, Call, Texts
 from serve.core.engine import Engine
 from serve.core.layout import Input, InputRole, Tensor
 from serve.core.model import Model
-from serve.edges.tensors import DATATYPE_OF, WireTensor, tensor_array
+from serve.edges.tensors import (
+    DATATYPE_OF,
+    TEXT,
+    TEXT_INPUT,
+    WireTensor,
+    tensor_array,
+    tensor_texts,
+)
 from serve.errors import InvalidInput, MalformedRequest, quoted
 
 LENGTHS_INPUT = "sequence_lengths"  # each row's length, for models without a mask or lengths
+# For a model with a tokenizer: texts instead of its token inputs, tokenised as /predict's are.
+TEXT_METADATA = {"name": TEXT_INPUT, "datatype": TEXT, "shape": [-1]}
 
 
 class Unsigned(int):
@@ -160,17 +173,29 @@ class TensorInputs:
             raise InvalidInput(f"input {quoted(twice)} given twice")
 
     def count(self, model: Model) -> int:
-        """The rows of the sequence tensor, read from its declared shape (0 where the shape
-        is not one the model takes: decoding then says why)."""
+        """The rows of the sequence tensor (or the texts), read from its declared shape (0
+        where the shape is not one the model takes: decoding then says why)."""
+        text = self._text(model)
+        if text is not None:
+            return max(0, text.shape[0]) if text.shape else 0
         sequence = model.info.layout.sequence.tensor
         assert sequence.batch_axis is not None  # (every input has one)
         return self._declared(sequence, sequence.batch_axis)
 
-    def steps(self, model: Model) -> int:
-        """T: the time steps the rows were sent at, which per-step outputs are padded back to."""
+    def steps(self, model: Model) -> int | None:
+        """T: the time steps the rows were sent at, which per-step outputs are padded back to
+        (None for texts: the longest of them, tokenised)."""
+        if self._text(model) is not None:
+            return None
         sequence = model.info.layout.sequence.tensor
         assert sequence.time_axis is not None  # (a sequence input has one)
         return self._declared(sequence, sequence.time_axis)
+
+    def _text(self, model: Model) -> WireTensor | None:
+        """The texts tensor, where one is sent (to a model with no input of that name)."""
+        if any(i.tensor.name == TEXT_INPUT for i in model.info.layout.inputs):
+            return None
+        return next((w for w in self.tensors if w.name == TEXT_INPUT), None)
 
     def _declared(self, tensor: Tensor, axis: int) -> int:
         """The size the request declares on `axis` of the input `tensor`."""
@@ -184,6 +209,9 @@ class TensorInputs:
         return sum(wire.wire_bytes for wire in self.tensors) >= OFF_LOOP_BYTES
 
     def sequences(self, model: Model) -> list[np.ndarray]:
+        text = self._text(model)
+        if text is not None:
+            return self._texts(model, text)
         inputs = {
             wire.name: tensor_array(wire, _expected(model, wire.name)) for wire in self.tensors
         }
@@ -201,6 +229,18 @@ class TensorInputs:
         if lengths.min() < 1 or lengths.max() > steps:
             raise InvalidInput(f"row lengths must lie in 1..{steps}")
         return [model.validate(tensor[i, : lengths[i]], i, time_first=True) for i in range(rows)]
+
+    def _texts(self, model: Model, text: WireTensor) -> list[np.ndarray]:
+        """Texts, tokenised by the model as /predict's `text` is (every check the same)."""
+        if model.tokenizer is None:
+            sequence = model.info.layout.sequence.tensor.name
+            raise InvalidInput(f"model {model.name} has no tokenizer: send {sequence}")
+        others = [w.name for w in self.tensors if w is not text]
+        if others:
+            raise InvalidInput(
+                f"input {TEXT_INPUT}: send it alone (the server makes {others[:4]} from it)"
+            )
+        return Texts(tensor_texts(text)).sequences(model)
 
 
 def _expected(model: Model, name: str) -> Tensor | None:
@@ -261,7 +301,8 @@ async def infer(
         request_id,
     )
     answer = await engine.infer(call)
-    return answer, output_tensors(answer, inputs.steps(answer.model))
+    steps = inputs.steps(answer.model)
+    return answer, output_tensors(answer, max(answer.lengths) if steps is None else steps)
 
 
 def described(tensor: Tensor) -> dict[str, Any]:
@@ -280,6 +321,7 @@ def metadata(model: Model) -> dict[str, Any]:
         "name": model.name,
         "versions": [str(model.info.version)],
         "platform": "onnxruntime_onnx",
-        "inputs": [described(i.tensor) for i in layout.inputs if i.role in CLIENT_INPUTS],
+        "inputs": [described(i.tensor) for i in layout.inputs if i.role in CLIENT_INPUTS]
+        + ([TEXT_METADATA] if model.tokenizer is not None else []),
         "outputs": [described(with_batch_axis(o)) for o in layout.outputs],
     }

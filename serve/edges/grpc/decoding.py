@@ -25,6 +25,7 @@ CONTENTS = {  # datatype -> the typed-contents field it travels in (FP16 has non
     "UINT64": "uint64_contents",
     "FP32": "fp32_contents",
     "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
 }
 
 
@@ -64,7 +65,7 @@ def decode_request(request: Any) -> V2Request:
             inputs.append(replace(wire, raw=raw[index]))
             continue
         field = CONTENTS.get(tensor.datatype)
-        if field is None and tensor.datatype in DATATYPES:
+        if field is None and tensor.datatype in DATATYPES:  # (FP16)
             raise InvalidInput(f"input {name}: {tensor.datatype} travels as raw contents only")
         values = getattr(tensor.contents, field) if field is not None else None
         inputs.append(replace(wire, values=values))
