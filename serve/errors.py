@@ -58,6 +58,13 @@ class MalformedRequest(BucketserveError):
     code = "malformed"
 
 
+class Unauthorized(BucketserveError):
+    """No API key, or not one of the server's (`--api-key`)."""
+
+    status = 401
+    code = "unauthorized"
+
+
 class ModelNotFound(BucketserveError):
     status = 404
     code = "model_not_found"

@@ -132,6 +132,26 @@ class Settings:
             "docs extra); the OpenAPI document is always at /openapi.json"
         },
     )
+    api_key: str | None = field(
+        default=None,
+        repr=False,  # (never in a log line or a traceback)
+        metadata={
+            "help": "require this key as `Authorization: Bearer KEY` (gRPC: `authorization` "
+            "metadata) on every route but health and readiness; prefer the environment "
+            "variable or --api-key-file to a flag, which other users can see in ps"
+        },
+    )
+    api_key_file: Path | None = field(
+        default=None,
+        metadata={
+            "help": "a file of API keys, one a line (# comments), any of which is accepted: "
+            "rotate by adding the new key, then removing the old"
+        },
+    )
+    open_metrics: bool = field(
+        default=False,
+        metadata={"help": "with an API key: leave /metrics open to scrapers without it"},
+    )
     log_json: bool = field(default=False, metadata={"help": "log JSON lines instead of text"})
     log_level: str = field(default="info", metadata={"help": "debug, info, warning or error"})
 
@@ -160,6 +180,22 @@ class Settings:
             raise ConfigError(f"buckets: expected comma-separated lengths, got {self.buckets!r}")
         if self.max_batch_size is not None and self.max_batch_size < 1:
             raise ConfigError(f"max_batch_size: must be at least 1, got {self.max_batch_size}")
+
+    def api_keys(self) -> tuple[str, ...]:
+        """Every key a request may carry (none: no key is required), read once at start."""
+        keys = [self.api_key] if self.api_key else []
+        if self.api_key_file is not None:
+            try:
+                lines = self.api_key_file.read_text(encoding="utf-8").splitlines()
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ConfigError(f"api_key_file: {self.api_key_file}: {exc}") from None
+            found = [k.strip() for k in lines if k.strip() and not k.lstrip().startswith("#")]
+            if not found:
+                raise ConfigError(f"api_key_file: {self.api_key_file} holds no key")
+            keys += found
+        if any(not key.isascii() or not key.isprintable() or " " in key for key in keys):
+            raise ConfigError("api_key: a key is printable ASCII without spaces")
+        return tuple(keys)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:

@@ -13,6 +13,7 @@ import logging
 import grpc
 
 from serve.core.engine import Engine
+from serve.edges.auth import ApiKeys
 from serve.edges.grpc.service import InferenceService
 from serve.metrics import Metrics
 from serve.settings import Settings
@@ -24,7 +25,8 @@ class GrpcServer:
     """gRPC's port, serving `InferenceService` on the engine and metrics the process made."""
 
     def __init__(self, engine: Engine, metrics: Metrics, settings: Settings) -> None:
-        self.service = InferenceService(engine, metrics)
+        keys = ApiKeys(settings.api_keys(), settings.open_metrics)
+        self.service = InferenceService(engine, metrics, keys)
         self.address = f"{settings.host}:{settings.grpc_port}"
         self.max_message_bytes = settings.max_body_bytes
         self._server: grpc.aio.Server | None = None

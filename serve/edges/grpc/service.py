@@ -9,7 +9,9 @@ infer makes too (`decoding`) and takes the same path through the core (`serve.ed
 outputs go back as raw contents (as Triton sends them). A request's deadline is the soonest of
 its gRPC deadline, Triton's `timeout` parameter (microseconds; 0: none) and the server's.
 
-Errors carry the codes Triton's clients expect and a message of at most 500 characters that
+With an API key set, every method but liveness and readiness needs it as `authorization`
+metadata (`Bearer <key>`): UNAUTHENTICATED without it. Errors carry the codes Triton's clients
+expect and a message of at most 500 characters that
 quotes a client's strings cut short; refusals are counted (`bucketserve_rejected`) and logged
 at a bounded rate, without a traceback. A bug is logged and answered INTERNAL without its
 details. A client that cancels leaves nothing to compute. Metrics are the HTTP routes', under
@@ -33,6 +35,7 @@ from serve.core.calls import OFF_LOOP_BYTES
 from serve.core.engine import Engine
 from serve.core.model import Model
 from serve.edges import kserve
+from serve.edges.auth import OPEN_METHODS, ApiKeys
 from serve.edges.grpc.decoding import decode_request
 from serve.edges.grpc.messages import MESSAGE_CLASSES, METHODS, SERVICE
 from serve.edges.kserve import metadata
@@ -47,12 +50,14 @@ throttled = Throttled(log)
 SERVER_NAME = "bucketserve"
 STATUS_CODES = {  # HTTP status of our error -> the gRPC code Triton answers such a request with
     400: grpc.StatusCode.INVALID_ARGUMENT,
+    401: grpc.StatusCode.UNAUTHENTICATED,
     404: grpc.StatusCode.NOT_FOUND,
     422: grpc.StatusCode.INVALID_ARGUMENT,
     503: grpc.StatusCode.UNAVAILABLE,
     504: grpc.StatusCode.DEADLINE_EXCEEDED,
 }
 REQUEST_ID = "x-request-id"  # metadata, as the HTTP header
+AUTHORIZATION = "authorization"  # metadata: `Bearer <key>`, as the HTTP header
 
 Message = Any  # the classes of `messages` are made at run time
 Context = Any  # grpc.aio.ServicerContext (grpc ships no type information)
@@ -82,9 +87,10 @@ def parsed(kind: Any, data: bytes) -> Message:
 class InferenceService:
     """The methods of `GRPCInferenceService` that bucketserve serves."""
 
-    def __init__(self, engine: Engine, metrics: Metrics) -> None:
+    def __init__(self, engine: Engine, metrics: Metrics, keys: ApiKeys | None = None) -> None:
         self.engine = engine
         self.metrics = metrics
+        self.keys = keys or ApiKeys(())
         self.messages = MESSAGE_CLASSES
         self.last_call = 0.0  # the loop's time when the latest call came
 
@@ -151,6 +157,8 @@ class InferenceService:
             self.last_call = asyncio.get_running_loop().time()
             start, status = time.perf_counter(), 200
             try:
+                if method not in OPEN_METHODS:
+                    self.keys.check(dict(context.invocation_metadata() or ()).get(AUTHORIZATION))
                 return await handler(parsed(kind, await one_message(requests)), context)
             except BucketserveError as exc:
                 status = exc.status

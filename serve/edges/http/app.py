@@ -20,6 +20,7 @@ from fastapi.responses import PlainTextResponse
 from starlette.exceptions import HTTPException
 
 from serve.core.engine import Engine
+from serve.edges.auth import ApiKeys
 from serve.edges.http import contract, kserve_routes, openai_api, predict
 from serve.edges.http.common import (
     SERVER_VERSION,
@@ -29,6 +30,7 @@ from serve.edges.http.common import (
     json_response,
 )
 from serve.edges.http.context import RequestContext
+from serve.edges.http.guard import RequireKey
 from serve.errors import BucketserveError, InvalidInput, ModelNotReady
 from serve.loading import load_engine
 from serve.logs import Throttled
@@ -136,6 +138,9 @@ def create_app(
         error = BucketserveError("internal server error")
         return json_response(error_body(error, request.url.path), 500)
 
+    keys = ApiKeys(settings.api_keys(), settings.open_metrics)
+    if keys.required:  # (inside the context: a refusal has its request id, and is counted)
+        app.add_middleware(RequireKey, keys=keys, metrics=metrics)
     app.add_middleware(
         RequestContext,
         metrics=metrics,

@@ -1,0 +1,200 @@
+"""The API key: required on every route of both protocols but health and readiness, in the
+route's error form (OpenAI's on /v1), compared with `hmac.compare_digest`, read from a flag,
+the environment or a file of keys, and never in a log line."""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from loadtest.process import free_port
+from serve.errors import ConfigError
+from serve.loading import load_engine
+from serve.settings import Settings
+from tests.helpers import copy_bundled, server_process, serving
+
+KEY = "sk-test-4f2a9c0e7b1d"
+OLD_KEY = "sk-old-0b5e1a"
+BEARER = {"Authorization": f"Bearer {KEY}"}
+OPEN = ["/v2/health/live", "/v2/health/ready", "/v2/models/tiny-encoder/ready"]
+GUARDED = [  # (method, path, body): one of every kind of route
+    ("POST", "/predict", {"sequences": [[5, 6, 7]]}),
+    ("POST", "/v1/embeddings", {"model": "tiny-encoder", "input": [5, 6, 7]}),
+    ("GET", "/v1/models", None),
+    ("GET", "/v1/models/tiny-encoder", None),
+    ("GET", "/v2", None),
+    ("GET", "/v2/models/tiny-encoder", None),
+    ("GET", "/v2/models/tiny-encoder/config", None),
+    ("POST", "/v2/repository/index", None),
+    (
+        "POST",
+        "/v2/models/tiny-encoder/infer",
+        {"inputs": [{"name": "input_ids", "datatype": "INT64", "shape": [1, 2], "data": [5, 6]}]},
+    ),
+    ("GET", "/metrics", None),
+    ("GET", "/openapi.json", None),
+    ("GET", "/no/such/route", None),
+]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("auth") / "models"
+    copy_bundled(root, "tiny-encoder")
+    return root
+
+
+@pytest.fixture
+async def client(models: Path) -> AsyncIterator[httpx.AsyncClient]:
+    settings = Settings(models=models, api_key=KEY)
+    async with serving(load_engine(settings), settings) as client:
+        yield client
+
+
+async def send(
+    client: httpx.AsyncClient, method: str, path: str, body: Any, headers: dict[str, str]
+) -> httpx.Response:
+    return await client.request(method, path, json=body, headers=headers)
+
+
+@pytest.mark.parametrize(("method", "path", "body"), GUARDED, ids=[g[1] for g in GUARDED])
+async def test_every_route_needs_the_key(
+    client: httpx.AsyncClient, method: str, path: str, body: Any
+) -> None:
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
+        refused = await send(client, method, path, body, headers)
+        assert refused.status_code == 401, (headers, refused.text)
+        assert refused.headers["www-authenticate"] == "Bearer"
+        error = refused.json()["error"]
+        assert error["code"] == "unauthorized"
+        assert ("type" in error) == path.startswith("/v1/")  # OpenAI's form on its routes
+    allowed = await send(client, method, path, body, BEARER)
+    assert allowed.status_code != 401
+    assert allowed.status_code < 500
+
+
+@pytest.mark.parametrize("path", OPEN)
+async def test_health_and_readiness_stay_open(client: httpx.AsyncClient, path: str) -> None:
+    assert (await client.get(path)).status_code == 200
+
+
+async def test_metrics_open_only_when_the_setting_says(models: Path) -> None:
+    settings = Settings(models=models, api_key=KEY, open_metrics=True)
+    async with serving(load_engine(settings), settings) as client:
+        metrics = await client.get("/metrics")
+        assert metrics.status_code == 200
+        assert 'bucketserve_rejected_total{reason="unauthorized"}' not in metrics.text
+        assert (await client.post("/predict", json={"sequences": [[5]]})).status_code == 401
+        counted = (await client.get("/metrics")).text
+    assert 'bucketserve_rejected_total{reason="unauthorized"} 1.0' in counted
+
+
+async def test_the_key_is_compared_in_constant_time(
+    client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[tuple[bytes, bytes]] = []
+    real = hmac.compare_digest
+
+    def spy(given: bytes, key: bytes) -> bool:
+        calls.append((given, key))
+        return real(given, key)
+
+    monkeypatch.setattr(hmac, "compare_digest", spy)
+    assert (await client.get("/v2", headers={"Authorization": "Bearer guess"})).status_code == 401
+    assert (await client.get("/v2", headers=BEARER)).status_code == 200
+    assert calls == [(b"guess", KEY.encode()), (KEY.encode(), KEY.encode())]
+
+
+def test_keys_from_a_file_for_rotation(tmp_path: Path, models: Path) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text(f"# the new key, then the old one until clients move\n{KEY}\n\n{OLD_KEY}\n")
+    settings = Settings(models=models, api_key_file=keys)
+    assert settings.api_keys() == (KEY, OLD_KEY)
+    both = Settings(models=models, api_key="sk-flag", api_key_file=keys)
+    assert both.api_keys() == ("sk-flag", KEY, OLD_KEY)
+    assert Settings.from_env({"BUCKETSERVE_API_KEY": KEY}).api_keys() == (KEY,)
+    keys.write_text("# nothing here\n")
+    with pytest.raises(ConfigError, match="holds no key"):
+        settings.api_keys()
+    with pytest.raises(ConfigError, match="api_key_file"):
+        Settings(api_key_file=tmp_path / "missing").api_keys()
+    with pytest.raises(ConfigError, match="printable ASCII"):
+        Settings(api_key="two words").api_keys()
+
+
+async def test_every_key_of_the_file_is_accepted(tmp_path: Path, models: Path) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text(f"{KEY}\n{OLD_KEY}\n")
+    settings = Settings(models=models, api_key_file=keys)
+    async with serving(load_engine(settings), settings) as client:
+        for key in (KEY, OLD_KEY):
+            answer = await client.get("/v2", headers={"Authorization": f"bearer {key}"})
+            assert answer.status_code == 200
+
+
+async def test_the_key_is_never_logged(
+    client: httpx.AsyncClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    await client.get("/v2", headers={"Authorization": f"Bearer {KEY}x"})
+    await client.post("/predict", json={"sequences": [[99999]]}, headers=BEARER)  # a 422
+    await client.get("/v2", headers=BEARER)
+    assert KEY not in caplog.text
+    assert KEY not in repr(Settings(api_key=KEY))
+
+
+async def test_the_openai_sdk_sends_its_key(client: httpx.AsyncClient) -> None:
+    openai = pytest.importorskip("openai")
+    wrong = openai.AsyncOpenAI(base_url="http://test/v1", api_key="sk-wrong", http_client=client)
+    with pytest.raises(openai.AuthenticationError) as refused:
+        await wrong.embeddings.create(model="tiny-encoder", input=[5, 6])
+    assert refused.value.body["type"] == "invalid_request_error"
+    right = openai.AsyncOpenAI(base_url="http://test/v1", api_key=KEY, http_client=client)
+    answer = await right.embeddings.create(model="tiny-encoder", input=[5, 6])
+    assert len(answer.data[0].embedding) == 64
+
+
+# -- the full tier: a server process, both protocols ------------------------------------------
+
+
+@pytest.mark.slow
+def test_both_protocols_of_a_server_process(tmp_path: Path, models: Path) -> None:
+    grpcclient = pytest.importorskip("tritonclient.grpc")
+    httpclient = pytest.importorskip("tritonclient.http")
+    from tritonclient.utils import InferenceServerException
+
+    keys = tmp_path / "keys"
+    keys.write_text(KEY + "\n")
+    port = free_port()
+    flags = ("--api-key-file", str(keys), "--grpc-port", str(port))
+    with server_process(models, *flags) as (_, url, log):
+        grpc_client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
+        assert grpc_client.is_server_live()  # open, without a key
+        assert grpc_client.is_server_ready()
+        assert grpc_client.is_model_ready("tiny-encoder")
+        with pytest.raises(InferenceServerException) as refused:
+            grpc_client.get_model_metadata("tiny-encoder")
+        assert "UNAUTHENTICATED" in str(refused.value.status())
+        with pytest.raises(InferenceServerException):
+            grpc_client.get_model_metadata("tiny-encoder", headers={"authorization": "Bearer no"})
+        grpc_meta = grpc_client.get_model_metadata(
+            "tiny-encoder", headers={"authorization": f"Bearer {KEY}"}
+        )
+        assert grpc_meta.name == "tiny-encoder"
+
+        http_client = httpclient.InferenceServerClient(url.removeprefix("http://"))
+        assert http_client.is_server_ready()
+        with pytest.raises(InferenceServerException):
+            http_client.get_model_metadata("tiny-encoder")
+        metadata = http_client.get_model_metadata("tiny-encoder", headers=BEARER)
+        assert metadata["name"] == "tiny-encoder"
+        assert httpx.get(f"{url}/metrics").status_code == 401
+        http_client.close()  # (the server's drain waits for a client's idle connections)
+        grpc_client.close()
+    assert KEY not in log.read_text()
