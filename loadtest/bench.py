@@ -13,7 +13,10 @@ On one workload and one model (`minilm` when built, else `tiny-encoder`), it mea
 - a naive reference server (`loadtest.naive`: FastAPI, one ONNX Runtime run per request);
 - KServe v2 over gRPC: a bucketing server with its gRPC port open, reached over gRPC (raw
   token-id tensors, one sequence a request) and over HTTP with the same token ids, so that
-  what the protocol costs is a ratio between two rows of one process.
+  what the protocol costs is a ratio between two rows of one process;
+- OpenAI's /v1/embeddings (for a model with a tokenizer and an `[embedding]`): the bucketing
+  server sent the same texts there, as the `openai` SDK sends them (base64), so that what the
+  route costs over /predict is a ratio between two rows of one process.
 
 The payload is what clients of the model send: text for a model with a tokenizer (each server
 tokenises; lengths drawn from a long-tailed, natural-text-like distribution), token ids
@@ -69,6 +72,7 @@ NAIVE = "naive (one run per request)"
 BESIDE_GRPC = "bucketing, gRPC port open"  # the server process of the two rows below
 OVER_GRPC = "bucketing over gRPC (token ids)"
 OVER_HTTP = "bucketing over HTTP (token ids, same process)"
+OVER_OPENAI = "bucketing over /v1/embeddings (same texts, same process)"
 
 
 @dataclass(frozen=True)
@@ -76,6 +80,7 @@ class Workload:
     payload: str  # "text" or "tokens": what the clients send
     sequences: list[np.ndarray]  # the token ids the model runs on (what the ceiling runs)
     bodies: list[bytes]  # one request of one item each, encoded ahead
+    embeddings: list[bytes]  # the same texts to /v1/embeddings (none: tokens, or no embedding)
 
 
 def workload(spec: ModelSpec, count: int, payload: str, seed: int = 0) -> Workload:
@@ -90,11 +95,24 @@ def workload(spec: ModelSpec, count: int, payload: str, seed: int = 0) -> Worklo
         tokenizer = load_tokenizer(spec.tokenizer_path, spec.config.tokenizer.max_length)
         sequences = [np.asarray(e.ids, np.int64) for e in tokenizer.encode_batch(texts)]
         bodies = [predict_body({"text": [text], "outputs": wanted}) for text in texts]
+        embeddings = [] if spec.config.embedding is None else embeddings_bodies(spec, texts)
     else:
         vocab = spec.config.inputs[spec.config.sequence_input].vocab_size or 1000
         sequences = [rng.integers(min(1000, vocab // 2), vocab, n) for n in lengths]
         bodies = token_ids_over_http(sequences, wanted)
-    return Workload(payload, sequences, bodies)
+        embeddings = []
+    return Workload(payload, sequences, bodies, embeddings)
+
+
+def embeddings_bodies(spec: ModelSpec, texts: list[str]) -> list[bytes]:
+    """/v1/embeddings requests of one text each, base64 as the `openai` SDK asks by default."""
+    return [
+        encode_post(
+            "/v1/embeddings",
+            orjson.dumps({"model": spec.name, "input": text, "encoding_format": "base64"}),
+        )
+        for text in texts
+    ]
 
 
 def predict_body(body: dict[str, Any]) -> bytes:
@@ -321,6 +339,8 @@ def rows_of(running: list[Server], spec: ModelSpec, work: Workload, grpc_port: i
     text), so the two rows differ by the protocol alone."""
     rows = []
     for srv in running:
+        if srv.name == "bucketing" and work.embeddings:
+            rows.append(Row(OVER_OPENAI, srv, http("127.0.0.1", srv.port), work.embeddings))
         if srv.name != BESIDE_GRPC:
             rows.append(Row(srv.name, srv, http("127.0.0.1", srv.port), work.bodies))
             continue
@@ -529,6 +549,20 @@ def grpc_against_http(report: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def openai_against_predict(report: dict[str, Any]) -> dict[str, Any] | None:
+    """What OpenAI's route costs: its row against /predict's, the same texts, one process."""
+    rows = {r["name"]: r for r in report["servers"]}
+    if OVER_OPENAI not in rows:
+        return None
+    openai, predict = rows[OVER_OPENAI], rows["bucketing"]
+    return {
+        "seq_per_s_ratio": openai["seq_per_s"] / predict["seq_per_s"],
+        "seq_per_s": [openai["seq_per_s"], predict["seq_per_s"]],
+        "lone_p50_ms": [openai["lone"]["p50_ms"], predict["lone"]["p50_ms"]],
+        "lone_p50_ratio": openai["lone"]["p50_ms"] / predict["lone"]["p50_ms"],
+    }
+
+
 def per_s(row: dict[str, Any]) -> str:
     """The median over the rounds and its spread."""
     spread = row["seq_per_s_spread"]
@@ -590,6 +624,15 @@ def markdown(report: dict[str, Any]) -> str:
         f"the load generator's own CPU at saturation {protocols['client_cores'][0]:.2f}, "
         f"{protocols['client_cores'][1]:.2f} cores",
     ]
+    route = report.get("openai_against_predict")
+    if route is not None:
+        out.append(
+            "- /v1/embeddings against /predict, one process, the same texts (/v1, /predict): "
+            f"{route['seq_per_s_ratio']:.2f}x the throughput at saturation "
+            f"({route['seq_per_s'][0]:.1f}, {route['seq_per_s'][1]:.1f} seq/s); lone request "
+            f"p50 {route['lone_p50_ms'][0]:.2f}, {route['lone_p50_ms'][1]:.2f} ms "
+            f"({route['lone_p50_ratio']:.2f}x)"
+        )
     return "\n".join(out) + "\n"
 
 
@@ -701,6 +744,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     report["targets"] = targets(report)
     report["grpc_against_http"] = grpc_against_http(report)
+    report["openai_against_predict"] = openai_against_predict(report)
     (args.out / "bench.json").write_text(json.dumps(report, indent=2))
     (args.out / "bench.md").write_text(markdown(report))
     plot(report, args.out / "bench.png")

@@ -11,9 +11,11 @@ import numpy as np
 import orjson
 import pytest
 
-from loadtest.bench import thread_layouts, token_ids_over_grpc, workload
+from loadtest.bench import OVER_OPENAI, thread_layouts, token_ids_over_grpc, workload
 from loadtest.lengths import LengthDistribution
 from serve.loading import ModelSpec
+from serve.loading.importer import import_model
+from tests.exports import write_export
 from tests.helpers import ROOT
 
 pytestmark = pytest.mark.slow  # the full tier: real server processes
@@ -94,6 +96,28 @@ def test_bench_smoke(tmp_path: Path) -> None:
     assert (out / "bench.png").read_bytes().startswith(b"\x89PNG")
 
 
+@pytest.mark.slow
+def test_bench_smoke_on_text_has_the_openai_row(tmp_path: Path) -> None:
+    """On a model with a tokenizer and an embedding, the bucketing server is also sent the
+    same texts at /v1/embeddings: a row, and the route's cost as a ratio to /predict's."""
+    models = tmp_path / "models"
+    import_model(write_export(tmp_path / "export"), models, "st")
+    out = tmp_path / "bench"
+    command = [sys.executable, "-m", "loadtest.bench", "--smoke", "--models", str(models)]
+    command += ["--model", "st", "--out", str(out)]
+    subprocess.run(command, cwd=ROOT, check=True, capture_output=True, timeout=240)
+    report = json.loads((out / "bench.json").read_text())
+    assert report["payload"] == "text"
+    rows = {row["name"]: row for row in report["servers"]}
+    openai, predict = rows[OVER_OPENAI], rows["bucketing"]
+    assert openai["saturation_errors"] == {}
+    assert openai["lone"]["requests"] > 0
+    assert openai["flags"] == predict["flags"]  # the same server process
+    route = report["openai_against_predict"]
+    assert route["seq_per_s_ratio"] == openai["seq_per_s"] / predict["seq_per_s"]
+    assert "- /v1/embeddings against /predict" in (out / "bench.md").read_text()
+
+
 def test_grpc_requests_are_what_tritons_client_sends(minilm_spec: ModelSpec) -> None:
     """The gRPC rows' requests parse as Triton's own `ModelInferRequest`: the model, one raw
     INT64 row per sequence holding its token ids, and the pooled output asked for."""
@@ -128,6 +152,15 @@ def test_text_workload_tokenises_to_the_drawn_lengths(minilm_spec: ModelSpec) ->
     body = orjson.loads(work.bodies[0].split(b"\r\n\r\n", 1)[1])
     assert isinstance(body["text"][0], str)
     assert body["outputs"] == ["sentence_embedding"]
+    # the same texts, to /v1/embeddings, as the openai SDK sends them
+    assert len(work.embeddings) == 300
+    head, raw = work.embeddings[0].split(b"\r\n\r\n", 1)
+    assert head.startswith(b"POST /v1/embeddings ")
+    assert orjson.loads(raw) == {
+        "model": "minilm",
+        "input": body["text"][0],
+        "encoding_format": "base64",
+    }
 
 
 @pytest.mark.slow
