@@ -4,6 +4,7 @@ prescribes, computed here from the export's own graph run alone."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from tokenizers import Tokenizer
 
 from serve.errors import ConfigError
 from serve.loading import load_engine
-from serve.loading.importer import bucket_edges, import_model
+from serve.loading.importer import MODULE, bucket_edges, import_model
 from serve.runtime.sessions import own_pools_allowed
 from serve.settings import Settings
 from tests.exports import MAX_SEQ_LENGTH, pooled_reference, texts, write_export
@@ -118,6 +119,22 @@ def test_an_onnx_subfolder_and_an_optimum_folder_without_pooling(tmp_path: Path)
     assert plain.model.info.embedding is None  # served for /predict and v2, not /v1/embeddings
     assert "1_Pooling" in plain.notes[0]
     assert plain.model.info.rules.max_length == 512  # config.json's max_position_embeddings
+
+
+def test_what_the_graph_does_not_hold_is_not_served_as_an_embedding(tmp_path: Path) -> None:
+    weighted = import_model(write_export(tmp_path / "w", pooling="weightedmean"), tmp_path / "m")
+    assert weighted.model.info.embedding is None
+    assert "pooling_mode_weightedmean_tokens" in weighted.notes[0]
+    dense = write_export(tmp_path / "dense")
+    modules = json.loads((dense / "modules.json").read_text())
+    modules.insert(2, {"idx": 2, "name": "2", "path": "2_Dense", "type": MODULE + "Dense"})
+    (dense / "modules.json").write_text(json.dumps(modules))
+    imported = import_model(dense, tmp_path / "m")
+    assert imported.model.info.embedding is None
+    assert "['Dense']" in imported.notes[0]
+    (dense / "config.json").write_text("[1, 2]")
+    with pytest.raises(ConfigError, match="expected a JSON object"):
+        import_model(dense, tmp_path / "m", "again")
 
 
 def test_refusals_leave_nothing_behind(tmp_path: Path) -> None:

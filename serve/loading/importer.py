@@ -59,13 +59,17 @@ class Export:
     notes: list[str]  # what the folder left out, said to the user
 
 
-def _json(path: Path) -> Any:
+def _json(path: Path, kind: type[dict[str, Any]] | type[list[Any]] = dict) -> Any:
+    """The file's JSON (an object, or a list), or an empty one when there is no such file."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        content = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        return None
+        return kind()
     except (ValueError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: not valid JSON: {exc}") from None
+    if not isinstance(content, kind):
+        raise ConfigError(f"{path}: expected a JSON {'object' if kind is dict else 'list'}")
+    return content
 
 
 def _onnx_file(folder: Path) -> Path:
@@ -88,7 +92,7 @@ def read_export(folder: Path) -> Export:
     tokenizer_path = next((p for p in places if p.is_file()), None)
     if tokenizer_path is None:
         raise ConfigError(f"{folder}: no tokenizer.json (a fast tokenizer's file is needed)")
-    model_config = _json(folder / "config.json") or {}
+    model_config = _json(folder / "config.json")
     graph = onnx.load(str(onnx_path), load_external_data=False)
     initialised = {init.name for init in graph.graph.initializer}
     names = [i.name for i in graph.graph.input if i.name not in initialised]
@@ -119,7 +123,7 @@ def read_export(folder: Path) -> Export:
 def _max_length(folder: Path, model_config: dict[str, Any]) -> int:
     """Texts are cut to sentence-transformers' `max_seq_length`, else to the positions the
     model has."""
-    bert = _json(folder / "sentence_bert_config.json") or {}
+    bert = _json(folder / "sentence_bert_config.json")
     if isinstance(bert.get("max_seq_length"), int) and bert["max_seq_length"] > 0:
         return int(bert["max_seq_length"])
     positions = model_config.get("max_position_embeddings")
@@ -133,8 +137,8 @@ def _max_length(folder: Path, model_config: dict[str, Any]) -> int:
 
 def _embedding(folder: Path, outputs: list[str], notes: list[str]) -> dict[str, Any] | None:
     """The embedding rule the folder prescribes, or None (with a note saying why)."""
-    modules = _json(folder / "modules.json") or []
-    types = [str(m.get("type", "")).removeprefix(MODULE) for m in modules if isinstance(m, dict)]
+    modules = [m for m in _json(folder / "modules.json", list) if isinstance(m, dict)]
+    types = [str(m.get("type", "")).removeprefix(MODULE) for m in modules]
     normalize = "Normalize" in types
     if POOLED_OUTPUT in outputs:
         return {"output": POOLED_OUTPUT, "pooling": "none", "normalize": normalize}
@@ -142,8 +146,8 @@ def _embedding(folder: Path, outputs: list[str], notes: list[str]) -> dict[str, 
     pooling_path = next(
         (m.get("path") for m in modules if str(m.get("type", "")).endswith("Pooling")), None
     )
-    pooling_config = _json(folder / (pooling_path or "1_Pooling") / "config.json")
-    if step_output is None or pooling_config is None:
+    pooling_config = _json(folder / str(pooling_path or "1_Pooling") / "config.json")
+    if step_output is None or not pooling_config:
         notes.append(
             "no embedding: the folder has no sentence_embedding output, or no pooling config "
             "(1_Pooling/config.json) for its per-token states; add [embedding] by hand"
@@ -156,11 +160,13 @@ def _embedding(folder: Path, outputs: list[str], notes: list[str]) -> dict[str, 
             "does not hold"
         )
         return None
-    modes = [mode for flag, mode in POOLING_MODES.items() if pooling_config.get(flag)]
-    if len(modes) != 1:
-        notes.append(f"no embedding: pooling modes {modes or 'none'} (one is supported)")
+    chosen = [f for f, on in pooling_config.items() if f.startswith("pooling_mode_") and on is True]
+    if len(chosen) != 1 or chosen[0] not in POOLING_MODES:
+        notes.append(
+            f"no embedding: pooling {chosen or 'none'}; one of {sorted(POOLING_MODES)} is served"
+        )
         return None
-    return {"output": step_output, "pooling": modes[0], "normalize": normalize}
+    return {"output": step_output, "pooling": POOLING_MODES[chosen[0]], "normalize": normalize}
 
 
 def bucket_edges(longest: int) -> list[int]:

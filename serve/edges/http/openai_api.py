@@ -136,14 +136,15 @@ def blamed(param: str) -> Iterator[None]:
         raise
 
 
-def inputs_of(given: str | list[str] | list[int] | list[list[int]]) -> Inputs:
+def inputs_of(given: str | list[str] | list[int] | list[list[int]], wire_bytes: int) -> Inputs:
+    """The body's `input` as the core's inputs: texts, or token id sequences."""
     if isinstance(given, str):
         return Texts([given])
     if isinstance(given[0], str):
         return Texts(given)
     if isinstance(given[0], int):
-        return Sequences([given])
-    return Sequences(given)
+        return Sequences([given], wire_bytes)
+    return Sequences(given, wire_bytes)
 
 
 def embedding_of(model: Model) -> Embedding:
@@ -154,7 +155,7 @@ def embedding_of(model: Model) -> Embedding:
     return model.info.embedding
 
 
-def encoded(vector: np.ndarray, encoding: str) -> list[float] | str | np.ndarray:
+def encoded(vector: np.ndarray, encoding: str) -> str | np.ndarray:
     if encoding == "base64":
         return base64.b64encode(vector.astype("<f4").tobytes()).decode("ascii")
     return vector
@@ -179,7 +180,7 @@ async def embeddings(request: Request) -> Response:
     with blamed("dimensions"):
         rule.check_dimensions(body.dimensions)
     call = Call(
-        inputs_of(body.input),
+        inputs_of(body.input, len(raw)),
         body.model,
         None,
         (rule.output,),  # the embedding only: no per-token states encoded for nothing
