@@ -22,6 +22,14 @@ STRATEGIES = ("shared-session", "session-per-key", "mutable")
 @dataclass(frozen=True)
 class Settings:
     models: Path = field(default=Path("models"), metadata={"help": "model repository folder"})
+    model_name: str | None = field(
+        default=None,
+        metadata={
+            "help": "the name to serve a single model's folder under (--models holding its "
+            "config.toml, as KServe's storage initializer leaves /mnt/models; default: the "
+            "folder's name)"
+        },
+    )
     host: str = field(
         default="127.0.0.1", metadata={"help": "address to listen on (0.0.0.0 in a container)"}
     )

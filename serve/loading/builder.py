@@ -262,7 +262,9 @@ def load_engine(settings: Settings | Path | str = "models") -> Engine:
     serves the others and reports those not ready, with why."""
     if not isinstance(settings, Settings):
         settings = Settings(models=Path(settings))
-    repository = load_repository(settings.models, settings.default_model, partial=True)
+    repository = load_repository(
+        settings.models, settings.default_model, partial=True, name=settings.model_name
+    )
     instances, threads = thread_layout(
         settings.instances,
         settings.intra_op_threads,

@@ -54,8 +54,9 @@ def _versions(model_dir: Path) -> list[int]:
     return sorted(int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit())
 
 
-def load_model_spec(model_dir: Path) -> ModelSpec | None:
-    """One model folder -> its spec; None when it is an on-demand model not built yet."""
+def load_model_spec(model_dir: Path, name: str | None = None) -> ModelSpec | None:
+    """One model folder -> its spec, served as `name` (default: the folder's name); None when
+    it is an on-demand model not built yet."""
     config_path = model_dir / CONFIG_FILE
     config = load_model_config(config_path)
     versions = _versions(model_dir)
@@ -88,7 +89,8 @@ def load_model_spec(model_dir: Path) -> ModelSpec | None:
     axes = resolve_axes(signature, config, functools.partial(ConfigError.at, onnx_path))
     if config.batching.buckets == "auto":
         config = _fit_buckets(config, model_dir, config_path)
-    return ModelSpec(model_dir.name, version, config, onnx_path, signature, axes, tokenizer_path)
+    name = name or model_dir.name
+    return ModelSpec(name, version, config, onnx_path, signature, axes, tokenizer_path)
 
 
 def _fit_buckets(config: ModelConfig, model_dir: Path, config_path: Path) -> ModelConfig:
@@ -113,6 +115,19 @@ def _fit_buckets(config: ModelConfig, model_dir: Path, config_path: Path) -> Mod
     return config.model_copy(update={"batching": fitted})
 
 
+def _one_model(folder: Path, name: str, partial: bool) -> Repository:
+    try:
+        spec = load_model_spec(folder, name)
+    except ConfigError as exc:
+        if not partial:
+            raise
+        log.error("model %s did not load: %s", name, exc.message)
+        return Repository(folder, {}, name, {name: exc.message})
+    if spec is None:
+        raise ConfigError(f"{folder}: the model is not built")
+    return Repository(folder, {name: spec}, name)
+
+
 def not_loaded(failed: dict[str, str], models: int) -> ConfigError:
     """One error naming every model that did not load and why (`models`: how many the
     repository has), so that one start says all that must be fixed."""
@@ -124,13 +139,19 @@ def not_loaded(failed: dict[str, str], models: int) -> ConfigError:
 
 
 def load_repository(
-    root: Path, default_model: str | None = None, partial: bool = False
+    root: Path, default_model: str | None = None, partial: bool = False, name: str | None = None
 ) -> Repository:
     """Scan `root`; `default_model` (from settings) overrides the repository's own choice.
     A model that fails its checks is recorded as failed and the scan goes on; at its end,
-    unless `partial`, one error names every such model."""
+    unless `partial`, one error names every such model. A `root` that is one model's folder
+    (its config.toml at the top, as KServe's storage initializer leaves /mnt/models) is a
+    repository of that model alone, served as `name` (default: the folder's name)."""
     if not root.is_dir():
         raise ConfigError(f"{root}: model repository folder not found")
+    if (root / CONFIG_FILE).is_file():
+        return _one_model(root, name or root.resolve().name, partial)
+    if name is not None:
+        log.warning("%s is a repository of models: each is served under its folder's name", root)
     models: dict[str, ModelSpec] = {}
     failed: dict[str, str] = {}
     folders = sorted(p for p in root.iterdir() if (p / CONFIG_FILE).is_file())
