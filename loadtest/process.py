@@ -46,15 +46,16 @@ def running_process(
     log_path: Path,
     env: dict[str, str] | None = None,
     ready_within_s: float = 120,
+    cwd: Path = ROOT,
 ) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
-    """`command --port N` on a free port N: the process and its base URL, once
+    """`command --port N` on a free port N, in `cwd`: the process and its base URL, once
     /v2/health/ready answers 200. On exit a process still running gets SIGTERM (a graceful
     drain), then is killed if it does not stop."""
     port = free_port()
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
             [*command, "--port", str(port)],
-            cwd=ROOT,
+            cwd=cwd,
             stdout=log,
             stderr=subprocess.STDOUT,
             env={**os.environ, **(env or {})},

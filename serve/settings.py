@@ -160,6 +160,13 @@ class Settings:
         default=False,
         metadata={"help": "with an API key: leave /metrics open to scrapers without it"},
     )
+    otlp_endpoint: str | None = field(
+        default=None,
+        metadata={
+            "help": "send traces over OTLP/HTTP to this collector, e.g. http://collector:4318 "
+            "(the tracing extra; the standard OTEL_EXPORTER_OTLP_* variables work too)"
+        },
+    )
     log_json: bool = field(default=False, metadata={"help": "log JSON lines instead of text"})
     log_level: str = field(default="info", metadata={"help": "debug, info, warning or error"})
 

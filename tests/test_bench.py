@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -181,3 +182,23 @@ def test_pad_safe_bench_serves_the_three_ways() -> None:
     ]
     assert all(float(r[2]) > 0 for r in rows)
     assert "errors" not in result.stdout
+
+
+@pytest.mark.slow
+def test_revisions_measures_a_revision_against_the_tree() -> None:
+    """`loadtest.revisions` in seconds: HEAD against the working tree, a ratio printed, and
+    its git worktree gone afterwards."""
+    result = subprocess.run(
+        [sys.executable, "-m", "loadtest.revisions", "HEAD", "--rounds", "2", "--seconds", "0.5"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=240,
+    )
+    assert "working tree" in result.stdout
+    assert re.search(r": \d+\.\d{3}x \(rounds \d+\.\d{3}, \d+\.\d{3}\)", result.stdout)
+    worktrees = subprocess.run(
+        ["git", "worktree", "list"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
+    assert len(worktrees.strip().splitlines()) == 1

@@ -25,6 +25,7 @@ from serve.core.scheduler import Scheduler
 from serve.errors import InvalidInput, ModelNotFound, ModelNotReady, quoted
 from serve.metrics import Metrics
 from serve.settings import Settings
+from serve.tracing import Tracing
 
 log = logging.getLogger(__name__)
 
@@ -37,10 +38,12 @@ class Engine:
         settings: Settings | None = None,
         instances: int = 1,
         failed: Mapping[str, str] | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         """Serve ready models (`serve.loading.load_engine` builds them from a repository).
         `instances`: batches of one model that may run at once. `failed`: models of the
-        repository that did not load, and why (reported, never served)."""
+        repository that did not load, and why (reported, never served). `tracing`: where
+        the spans go (default: off)."""
         self.models = dict(models)
         self.failed = dict(failed or {})
         self.default_model = default_model
@@ -48,6 +51,7 @@ class Engine:
         self.instances = instances
         self.schedulers: dict[str, Scheduler] = {}
         self.draining = False
+        self.tracing = tracing or Tracing()
         self._tasks: list[asyncio.Task[None]] = []
 
     def model(self, name: str | None = None, version: str | None = None) -> Model:
@@ -82,6 +86,11 @@ class Engine:
                 max_delay_s=info.max_queue_delay_s,
                 capacity=info.queue_capacity,
                 instances=self.instances,
+                tracing=self.tracing,
+                attributes={
+                    "bucketserve.model": name,
+                    "bucketserve.model_version": str(info.version),
+                },
             )
             self.schedulers[name] = scheduler
             self._tasks.append(asyncio.create_task(scheduler.run(), name=f"scheduler-{name}"))
@@ -130,18 +139,20 @@ class Engine:
 
     async def infer(self, call: Call) -> Answer:
         """Decide and run one request, in the order of the module docstring."""
-        model = self.model(call.model, call.version)
-        wanted = wanted_outputs(model, call.outputs)
-        scheduler = self.schedulers[model.name]
-        count = call.inputs.count(model)
-        if count > self.settings.max_sequences:
-            raise InvalidInput(f"too many sequences: {count} > {self.settings.max_sequences}")
-        scheduler.refuse_now(count)  # (a text is not tokenised only to be refused)
-        if call.inputs.heavy:
-            sequences = await asyncio.to_thread(call.inputs.sequences, model)
-        else:
-            sequences = call.inputs.sequences(model)
-        self.within_token_budget(sequences)
+        named = {"bucketserve.model": call.model or self.default_model or ""}
+        with self.tracing.span("bucketserve.admission", named):
+            model = self.model(call.model, call.version)
+            wanted = wanted_outputs(model, call.outputs)
+            scheduler = self.schedulers[model.name]
+            count = call.inputs.count(model)
+            if count > self.settings.max_sequences:
+                raise InvalidInput(f"too many sequences: {count} > {self.settings.max_sequences}")
+            scheduler.refuse_now(count)  # (a text is not tokenised only to be refused)
+            if call.inputs.heavy:
+                sequences = await asyncio.to_thread(call.inputs.sequences, model)
+            else:
+                sequences = call.inputs.sequences(model)
+            self.within_token_budget(sequences)
         outputs = await scheduler.infer(sequences, self.deadline(call.timeout_ms), call.request_id)
         chosen = [{name: out[name] for name in wanted} for out in outputs]
         return Answer(model, chosen, [len(s) for s in sequences])

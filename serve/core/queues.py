@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -29,6 +30,7 @@ class Pending:
     enqueued: float
     deadline: float
     request_id: str = ""  # whose sequence it is, for the log
+    trace: Any = None  # its wait in the queue, as tracing keeps it (None when off)
 
 
 @dataclass

@@ -33,6 +33,7 @@ from serve.core.layout import Outputs
 from serve.core.queues import BucketQueues, Pending
 from serve.errors import DeadlineExceeded, InferenceFailed, Unavailable
 from serve.logs import Throttled
+from serve.tracing import Attributes, Tracing
 
 log = logging.getLogger(__name__)
 
@@ -88,9 +89,13 @@ class Scheduler:
         capacity: int,
         instances: int = 1,
         clock: Clock = time.monotonic,
+        tracing: Tracing | None = None,
+        attributes: Attributes | None = None,
     ) -> None:
         """`capacity`: sequences that may wait at once. `instances`: batches that may run at
-        once, each in its own worker thread, on the model's one set of weights."""
+        once, each in its own worker thread, on the model's one set of weights. `tracing`:
+        where each sequence's wait and each batch are traced, with `attributes` (the model's
+        name and version) on every batch."""
         self.model = model
         self.capacity = capacity
         self.queues = BucketQueues(max_delay_s)
@@ -105,6 +110,9 @@ class Scheduler:
         self._settled.set()
         self._instances = instances
         self._free = asyncio.Semaphore(instances)
+        self._idle = list(range(instances))  # which instances are free: as many as `_free`
+        self._tracing = tracing or Tracing()
+        self._attributes = dict(attributes or {"bucketserve.model": model.name})
         self._running: set[asyncio.Task[None]] = set()
         self._worker = ThreadPoolExecutor(instances, thread_name_prefix=f"run-{model.name}")
         self._failures = Throttled(log)
@@ -147,7 +155,7 @@ class Scheduler:
         futures: list[asyncio.Future[Outputs]] = []
         for seq in sequences:
             future: asyncio.Future[Outputs] = loop.create_future()
-            pending = Pending(seq, future, now, deadline, request_id)
+            pending = Pending(seq, future, now, deadline, request_id, self._tracing.queued())
             self.queues.add(self.model.plan.key_for(len(seq)), pending)
             futures.append(future)
         self.admitted += 1
@@ -212,18 +220,19 @@ class Scheduler:
                 if wide:  # the other instances, all free, wait for it: it has their cores
                     for _ in range(self._instances - 1):
                         await self._free.acquire()
-                task = asyncio.create_task(self._execute(key, items, alone))
+                held = [self._idle.pop() for _ in range(self._instances if wide else 1)]
+                task = asyncio.create_task(self._execute(key, items, alone, held[0]))
                 self._running.add(task)
-                held = self._instances if wide else 1
                 task.add_done_callback(functools.partial(self._finished, held))
         finally:
             for task in self._running:
                 task.cancel()
             self._worker.shutdown(wait=False, cancel_futures=True)
 
-    def _finished(self, held: int, task: asyncio.Task[None]) -> None:
+    def _finished(self, held: list[int], task: asyncio.Task[None]) -> None:
         """A batch is done: its instances are free again."""
-        for _ in range(held):
+        self._idle += held
+        for _ in held:
             self._free.release()
         self._running.discard(task)
         self._settle_if_idle()
@@ -249,16 +258,35 @@ class Scheduler:
             if items:
                 self._observer.dropped(self.model.name, reason, len(items))
 
-    async def _execute(self, key: BucketKey, items: list[Pending], alone: bool) -> None:
+    async def _execute(
+        self, key: BucketKey, items: list[Pending], alone: bool, instance: int = 0
+    ) -> None:
         sequences = [item.sequence for item in items]
         lengths = [len(s) for s in sequences]
         self._observer.queue_depth(self.model.name, self.depth)
         start = self._clock()
         loop = asyncio.get_running_loop()
+        waits = [item.trace for item in items]
+        for item in items:  # (a wait ends once, where its first batch begins)
+            item.trace = None
+        rows, length = self.model.batch_shape(key, lengths)
+        traced: dict[str, str | int | float | bool] = {}
+        if self._tracing.enabled:
+            traced = {
+                **self._attributes,
+                "bucketserve.bucket": self.model.plan.bucket_of(key.length),
+                "bucketserve.sequences": len(items),
+                "bucketserve.rows": rows,
+                "bucketserve.length": length,
+                "bucketserve.padded_tokens": rows * length - sum(lengths),
+                "bucketserve.instance": instance,
+                "bucketserve.alone": alone,
+            }
         try:
-            outputs = await loop.run_in_executor(
-                self._worker, self.model.run_batch, key, sequences, alone
-            )
+            with self._tracing.batch(waits, traced):
+                outputs = await loop.run_in_executor(
+                    self._worker, self.model.run_batch, key, sequences, alone
+                )
         except Exception as exc:
             if len(items) > 1:  # the sequence that failed it may be one: each runs alone
                 log.info(
@@ -269,7 +297,7 @@ class Scheduler:
                     type(exc).__name__,
                 )
                 for item in items:
-                    await self._execute(key, [item], False)
+                    await self._execute(key, [item], False, instance)
                 return
             ids = sorted({item.request_id for item in items})
             self._failures.log(
@@ -298,7 +326,7 @@ class Scheduler:
                 self.model.name,
                 self.model.plan.bucket_of(key.length),  # a configured edge, whatever the key
                 lengths,
-                self.model.batch_shape(key, lengths),
+                (rows, length),
                 [start - item.enqueued for item in items],
                 self._clock() - start,
             )

@@ -48,6 +48,7 @@ from serve.runtime.sessions import (
 )
 from serve.runtime.weights import SharedWeights
 from serve.settings import Settings
+from serve.tracing import configured
 
 log = logging.getLogger(__name__)
 
@@ -287,7 +288,8 @@ def load_engine(settings: Settings | Path | str = "models") -> Engine:
     if not models:
         raise ConfigError(f"{settings.models}: no model loaded ({'; '.join(failed.values())})")
     shown = {name: _relative(error, settings.models) for name, error in failed.items()}
-    return Engine(models, repository.default_model, settings, instances, shown)
+    tracing = configured(settings.otlp_endpoint)
+    return Engine(models, repository.default_model, settings, instances, shown, tracing)
 
 
 def _relative(error: str, root: Path) -> str:

@@ -150,15 +150,23 @@ class InferenceService:
 
     def _answered(self, method: str, kind: Any, handler: Method) -> Any:
         """`handler` over the call's raw bytes: its one message decoded, its errors turned
-        into status codes, its metrics kept."""
+        into status codes, its metrics kept, its span opened (continuing a `traceparent` from the
+        metadata, when tracing is on)."""
         route = f"/{SERVICE}/{method}"
 
         async def call(requests: AsyncIterator[bytes], context: Context) -> Message:
             self.last_call = asyncio.get_running_loop().time()
+            metadata = {k: v for k, v in context.invocation_metadata() or () if isinstance(v, str)}
+            with self.engine.tracing.request(route, metadata) as span:
+                return await answer(requests, context, metadata, span)
+
+        async def answer(
+            requests: AsyncIterator[bytes], context: Context, metadata: dict[str, str], span: Any
+        ) -> Message:
             start, status = time.perf_counter(), 200
             try:
                 if method not in OPEN_METHODS:
-                    self.keys.check(dict(context.invocation_metadata() or ()).get(AUTHORIZATION))
+                    self.keys.check(metadata.get(AUTHORIZATION))
                 return await handler(parsed(kind, await one_message(requests)), context)
             except BucketserveError as exc:
                 status = exc.status
@@ -181,6 +189,7 @@ class InferenceService:
                 raise
             finally:
                 self.metrics.request_done(route, status, time.perf_counter() - start)
+                span.set("bucketserve.status", status)  # (as HTTP would answer it)
 
         return call
 

@@ -36,6 +36,9 @@ from serve.loading import load_engine
 from serve.logs import Throttled
 from serve.metrics import Metrics
 from serve.settings import Settings
+from serve.tracing import Tracing
+
+NO_TRACING = Tracing()
 
 log = logging.getLogger(__name__)
 
@@ -141,9 +144,14 @@ def create_app(
     keys = ApiKeys(settings.api_keys(), settings.open_metrics)
     if keys.required:  # (inside the context: a refusal has its request id, and is counted)
         app.add_middleware(RequireKey, keys=keys, metrics=metrics)
+
+    def tracing() -> Tracing:
+        return app.state.engine.tracing if app.state.engine is not None else NO_TRACING
+
     app.add_middleware(
         RequestContext,
         metrics=metrics,
         draining=lambda: app.state.engine is not None and app.state.engine.draining,
+        tracing=tracing,
     )
     return app

@@ -1,4 +1,5 @@
-"""Per-request context as plain ASGI middleware: X-Request-Id, the request metrics, and
+"""Per-request context as plain ASGI middleware: X-Request-Id, the request metrics, the
+request's span (continuing a `traceparent` header, when tracing is on), and
 `Connection: close` on every response once the server drains (so that a client leaves between
 requests, and no connection is closed under it).
 
@@ -16,15 +17,23 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from serve.logs import request_id as new_request_id
 from serve.metrics import Metrics
+from serve.tracing import Tracing
 
 REQUEST_ID = "x-request-id"
 
 
 class RequestContext:
-    def __init__(self, app: ASGIApp, metrics: Metrics, draining: Callable[[], bool]) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        metrics: Metrics,
+        draining: Callable[[], bool],
+        tracing: Callable[[], Tracing],
+    ) -> None:
         self.app = app
         self.metrics = metrics
         self.draining = draining
+        self.tracing = tracing
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -46,9 +55,19 @@ class RequestContext:
                     headers["connection"] = "close"
             await send(message)
 
-        try:
-            await self.app(scope, receive, send_with_id)
-        finally:
-            route = scope.get("route")
-            path = getattr(route, "path", "unmatched")
-            self.metrics.request_done(path, status, time.perf_counter() - start)
+        method, tracing = scope["method"], self.tracing()
+        carrier = _headers(scope) if tracing.enabled else {}  # (off: nothing decoded for it)
+        with tracing.request(f"{method} {scope['path']}", carrier) as span:
+            try:
+                await self.app(scope, receive, send_with_id)
+            finally:
+                route = scope.get("route")
+                path = getattr(route, "path", "unmatched")
+                self.metrics.request_done(path, status, time.perf_counter() - start)
+                span.rename(f"{method} {path}")  # (the route's template: few names)
+                span.set("http.response.status_code", status)
+                span.set("bucketserve.request_id", request_id)
+
+
+def _headers(scope: Scope) -> dict[str, str]:
+    return {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
