@@ -15,7 +15,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -49,8 +50,9 @@ class Engine:
         self.default_model = default_model
         self.settings = settings or Settings()
         self.instances = instances
-        self.schedulers: dict[str, Scheduler] = {}
         self.draining = False
+        self._served: dict[Model, Served] = {}  # every model running, by the model object
+        self._metrics: Metrics | None = None
         self.tracing = tracing or Tracing()
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -78,32 +80,42 @@ class Engine:
 
     def start(self, metrics: Metrics) -> None:
         """One scheduler per model, running; call from the running event loop."""
-        for name, model in self.models.items():
-            info = model.info
-            scheduler = Scheduler(
-                model,
-                metrics,
-                max_delay_s=info.max_queue_delay_s,
-                capacity=info.queue_capacity,
-                instances=self.instances,
-                tracing=self.tracing,
-                attributes={
-                    "bucketserve.model": name,
-                    "bucketserve.model_version": str(info.version),
-                },
-            )
-            self.schedulers[name] = scheduler
-            self._tasks.append(asyncio.create_task(scheduler.run(), name=f"scheduler-{name}"))
-            metrics.watch_bound_keys(name, model.executor.bound_key_count)
-            metrics.model_loaded(
-                name, info.version, model.strategy, info.plan.policy.value, info.invariance
-            )
+        self._metrics = metrics
+        for model in self.models.values():
+            self._run(model, metrics)
         for name in self.failed:
             metrics.model_failed(name)
 
+    def _run(self, model: Model, metrics: Metrics) -> None:
+        """`model`'s scheduler, created and running."""
+        info = model.info
+        scheduler = Scheduler(
+            model,
+            metrics,
+            max_delay_s=info.max_queue_delay_s,
+            capacity=info.queue_capacity,
+            instances=self.instances,
+            tracing=self.tracing,
+            attributes={
+                "bucketserve.model": model.name,
+                "bucketserve.model_version": str(info.version),
+            },
+        )
+        task = asyncio.create_task(scheduler.run(), name=f"scheduler-{model.name}")
+        self._served[model] = Served(scheduler, task)
+        metrics.watch_bound_keys(model.name, model.executor.bound_key_count)
+        metrics.model_loaded(
+            model.name, info.version, model.strategy, info.plan.policy.value, info.invariance
+        )
+
+    @property
+    def schedulers(self) -> dict[str, Scheduler]:
+        """The scheduler of each model served by name."""
+        return {name: self._served[model].scheduler for name, model in self.models.items()}
+
     @property
     def started(self) -> bool:
-        return bool(self.schedulers)
+        return bool(self._served)
 
     @contextlib.asynccontextmanager
     async def running(self, metrics: Metrics) -> AsyncIterator[None]:
@@ -117,9 +129,10 @@ class Engine:
             await self.stop()
 
     async def stop(self) -> None:
-        for task in self._tasks:
+        tasks = [*self._tasks, *(served.task for served in self._served.values())]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         self._tasks.clear()
 
     def deadline(self, timeout_ms: float | None) -> float:
@@ -139,11 +152,15 @@ class Engine:
 
     async def infer(self, call: Call) -> Answer:
         """Decide and run one request, in the order of the module docstring."""
-        named = {"bucketserve.model": call.model or self.default_model or ""}
-        with self.tracing.span("bucketserve.admission", named):
-            model = self.model(call.model, call.version)
+        model = self.model(call.model, call.version)
+        served = self._served[model]
+        with served.using():
+            return await self._infer(call, model, served.scheduler)
+
+    async def _infer(self, call: Call, model: Model, scheduler: Scheduler) -> Answer:
+        """The request on the model it resolved to, which stays running until it is done."""
+        with self.tracing.span("bucketserve.admission", {"bucketserve.model": model.name}):
             wanted = wanted_outputs(model, call.outputs)
-            scheduler = self.schedulers[model.name]
             count = call.inputs.count(model)
             if count > self.settings.max_sequences:
                 raise InvalidInput(f"too many sequences: {count} > {self.settings.max_sequences}")
@@ -162,9 +179,10 @@ class Engine:
         Said once in the log, however many callers wait (SIGTERM, then the app's shutdown)."""
         first = not self.draining
         self.draining = True
-        for scheduler in self.schedulers.values():
+        schedulers = [served.scheduler for served in self._served.values()]
+        for scheduler in schedulers:
             scheduler.stop_admitting()
-        settled = asyncio.gather(*(s.settled() for s in self.schedulers.values()))
+        settled = asyncio.gather(*(s.settled() for s in schedulers))
         try:
             await asyncio.wait_for(settled, self.settings.drain_timeout_s)
         except TimeoutError:
@@ -175,10 +193,28 @@ class Engine:
         if first:
             log.info(
                 "drained: %d requests admitted since start, %d answered",
-                sum(s.admitted for s in self.schedulers.values()),
-                sum(s.answered for s in self.schedulers.values()),
+                sum(s.admitted for s in schedulers),
+                sum(s.answered for s in schedulers),
             )
         return True
+
+
+@dataclass(eq=False)
+class Served:
+    """A model running: its scheduler and that scheduler's task, and how many requests that
+    resolved to the model are still in the engine (a model is released only once none is)."""
+
+    scheduler: Scheduler
+    task: asyncio.Task[None]
+    users: int = 0
+
+    @contextlib.contextmanager
+    def using(self) -> Iterator[None]:
+        self.users += 1
+        try:
+            yield
+        finally:
+            self.users -= 1
 
 
 def wanted_outputs(model: Model, names: Sequence[str] | None) -> list[str]:
