@@ -65,6 +65,20 @@ class Unauthorized(BucketserveError):
     code = "unauthorized"
 
 
+class ModelControlOff(BucketserveError):
+    """A load or unload asked of a server started without --model-control."""
+
+    status = 403
+    code = "model_control_off"
+
+
+class LoadFailed(BucketserveError):
+    """A model that did not load when asked (what was served before keeps serving)."""
+
+    status = 400
+    code = "load_failed"
+
+
 class ModelNotFound(BucketserveError):
     status = 404
     code = "model_not_found"

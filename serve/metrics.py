@@ -8,7 +8,8 @@ Label values are bounded: `bucket` is always one of a model's configured edges.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Collection, Sequence
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -36,6 +37,7 @@ LENGTH_BUCKETS = (*range(4, 64, 4), *range(64, 128, 8), *range(128, 257, 16), 32
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        self._info_labels: dict[tuple[str, int], tuple[str, str, str, str]] = {}
         r = self.registry
         self.requests = Counter(
             "bucketserve_requests",
@@ -153,10 +155,27 @@ class Metrics:
         self, model: str, version: int, strategy: str, policy: str, differences: Differences
     ) -> None:
         """`differences`: the invariance check's figures (`serve.core.bucketing.Invariance`)."""
+        self._info_labels[(model, version)] = (model, str(version), strategy, policy)
         self.model_info.labels(model, str(version), strategy, policy).set(1)
         self.batching_difference.labels(model, "padding").set(differences.padding)
         self.batching_difference.labels(model, "batching").set(differences.batching)
         self.batching_tolerance.labels(model).set(differences.tolerance)
+
+    def model_released(self, model: str, version: int, served: Collection[int]) -> None:
+        """A model's version released, its model now serving `served` versions: the series
+        of a version no longer served go (bounded label sets, however often models are
+        loaded and unloaded), and those of the model when it serves none."""
+        if version not in served:
+            labels = self._info_labels.pop((model, version), None)
+            if labels is not None:
+                self.model_info.remove(*labels)
+        if not served:
+            for gauge, extra in ((self.bound_keys, ()), (self.batching_tolerance, ())):
+                with contextlib.suppress(KeyError):
+                    gauge.remove(model, *extra)
+            for kind in ("padding", "batching"):
+                with contextlib.suppress(KeyError):
+                    self.batching_difference.remove(model, kind)
 
     def model_failed(self, model: str) -> None:
         self.load_failed.labels(model).set(1)

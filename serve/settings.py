@@ -17,6 +17,7 @@ from serve.errors import ConfigError
 
 ENV_PREFIX = "BUCKETSERVE_"
 STRATEGIES = ("shared-session", "session-per-key", "mutable")
+MODEL_CONTROL = ("none", "explicit", "poll")
 
 
 @dataclass(frozen=True)
@@ -126,6 +127,18 @@ class Settings:
             "sessions to share (default: $XDG_CACHE_HOME/bucketserve, else ~/.cache/bucketserve)"
         },
     )
+    model_control: str = field(
+        default="none",
+        metadata={
+            "help": "none: the models of the start are served until the end; explicit: also "
+            "loaded, replaced and unloaded by KServe's repository extension (POST "
+            "/v2/repository/models/NAME/load, /unload; gRPC RepositoryModelLoad...); poll: "
+            "explicit, and the repository folder followed every --poll-interval-s"
+        },
+    )
+    poll_interval_s: float = field(
+        default=5.0, metadata={"help": "model_control poll: how often the folder is read"}
+    )
     allow_partial: bool = field(
         default=False,
         metadata={
@@ -171,6 +184,12 @@ class Settings:
     log_level: str = field(default="info", metadata={"help": "debug, info, warning or error"})
 
     def __post_init__(self) -> None:
+        if self.model_control not in MODEL_CONTROL:
+            raise ConfigError(
+                f"model_control: {self.model_control!r} is not one of {', '.join(MODEL_CONTROL)}"
+            )
+        if self.poll_interval_s <= 0:
+            raise ConfigError(f"poll_interval_s: must be positive, got {self.poll_interval_s}")
         if self.strategy is not None and self.strategy not in STRATEGIES:
             raise ConfigError(f"strategy: {self.strategy!r} is not one of {', '.join(STRATEGIES)}")
         for name in (

@@ -9,6 +9,7 @@ import pytest
 
 from serve.errors import ConfigError
 from serve.loading import load_model_spec, load_repository
+from serve.loading.repository import load_model_specs
 from tests.helpers import MODELS, copy_bundled
 
 GOOD = (MODELS / "tiny-encoder" / "config.toml").read_text()
@@ -135,8 +136,31 @@ def test_missing_version_folder(tmp_models: Path) -> None:
 
 def test_pinned_version_that_does_not_exist(tmp_models: Path) -> None:
     model_dir = copy_bundled(tmp_models, "tiny-encoder", "version = 3\n" + GOOD)
-    with pytest.raises(ConfigError, match=r"config\.toml: version: folder .*3 not found"):
+    with pytest.raises(ConfigError, match=r"config\.toml: version: no version folder \[3\]"):
         load_model_spec(model_dir)
+
+
+@pytest.mark.parametrize(
+    ("policy", "served"),
+    [
+        ("[version_policy]\nlatest = 2", [2, 3]),
+        ("[version_policy]\nall = true", [1, 2, 3]),
+        ("[version_policy]\nspecific = [3, 1]", [1, 3]),
+        ("", [3]),
+    ],
+)
+def test_version_policy(tmp_models: Path, policy: str, served: list[int]) -> None:
+    model_dir = copy_bundled(tmp_models, "tiny-encoder", GOOD + "\n" + policy + "\n")
+    for version in (2, 3):
+        shutil.copytree(model_dir / "1", model_dir / str(version))
+    assert [spec.version for spec in load_model_specs(model_dir)] == served
+
+
+def test_version_policy_names_one_rule(tmp_models: Path) -> None:
+    policy = "\n[version_policy]\nlatest = 2\nall = true\n"
+    model_dir = copy_bundled(tmp_models, "tiny-encoder", GOOD + policy)
+    with pytest.raises(ConfigError, match="exactly one of"):
+        load_model_specs(model_dir)
 
 
 def test_missing_tokenizer_file(tmp_models: Path) -> None:

@@ -47,6 +47,8 @@ OPERATIONS = [
     "GET /v2/models/{name}/ready",
     "GET /v2/models/{name}/versions/{version}/ready",
     "POST /v2/repository/index",
+    "POST /v2/repository/models/{name}/load",
+    "POST /v2/repository/models/{name}/unload",
     "POST /v2/models/{name}/infer",
     "POST /v2/models/{name}/versions/{version}/infer",
     "GET /metrics",

@@ -20,7 +20,7 @@ padded to the longest of them.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -314,12 +314,13 @@ def described(tensor: Tensor) -> dict[str, Any]:
     }
 
 
-def metadata(model: Model) -> dict[str, Any]:
-    """The model's v2 metadata: the inputs a client sends and the outputs it gets."""
+def metadata(model: Model, versions: Iterable[int] = ()) -> dict[str, Any]:
+    """The model's v2 metadata: the versions served (default: its own), the inputs a client
+    sends and the outputs it gets."""
     layout = model.info.layout
     return {
         "name": model.name,
-        "versions": [str(model.info.version)],
+        "versions": [str(v) for v in versions] or [str(model.info.version)],
         "platform": "onnxruntime_onnx",
         "inputs": [described(i.tensor) for i in layout.inputs if i.role in CLIENT_INPUTS]
         + ([TEXT_METADATA] if model.tokenizer is not None else []),

@@ -31,7 +31,14 @@ from serve.loading.config import BatchingConfig
 from serve.loading.layouts import Served, embedding_of, layout_of
 from serve.loading.pad_safe import pad_safe_spec
 from serve.loading.report import log_verdict, pad_safe_report, served_config
-from serve.loading.repository import ModelSpec, load_repository, not_loaded
+from serve.loading.repository import (
+    CONFIG_FILE,
+    ModelSpec,
+    load_model_specs,
+    load_repository,
+    model_folders,
+    not_loaded,
+)
 from serve.loading.served_file import default_cache_dir, served_graph
 from serve.runtime.binding import run_bound
 from serve.runtime.executors import Executor, make_executor
@@ -42,6 +49,7 @@ from serve.runtime.sessions import (
     init_process,
     lone_threads,
     own_pools_allowed,
+    return_freed_memory,
     run_all,
     runs_on_cpu,
     thread_layout,
@@ -256,6 +264,61 @@ def lone_runner(
     return make_executor(strategy, graph, layout, plan, wide)
 
 
+class Loader:
+    """The repository's models built ready by name, every version its config serves: at
+    start (`load_engine`), and whenever the engine loads one (model control)."""
+
+    def __init__(self, settings: Settings, lone: int | None) -> None:
+        self.settings = settings
+        self.lone = lone  # threads of the runner for a batch that runs alone, if any
+        self.root = settings.models
+
+    @property
+    def one_model(self) -> bool:
+        """Whether the repository is one model's folder (its config.toml at the top)."""
+        return (self.root / CONFIG_FILE).is_file()
+
+    def folder(self, name: str) -> Path:
+        return self.root if self.one_model else self.root / name
+
+    def names(self) -> list[str]:
+        """The models the folder holds now."""
+        if self.one_model:
+            return [self.settings.model_name or self.root.resolve().name]
+        return [folder.name for folder in model_folders(self.root)]
+
+    def load(self, name: str) -> dict[int, Model]:
+        """Every served version of `name`, built, checked and warm; ConfigError says why not."""
+        folder = self.folder(name)
+        if not (folder / CONFIG_FILE).is_file():
+            raise ConfigError(f"{folder}: no model {name!r} in the repository")
+        specs = load_model_specs(folder, name)
+        if not specs:
+            raise ConfigError(f"{folder}: model {name} is not built")
+        return {spec.version: self.build(spec) for spec in specs}
+
+    def build(self, spec: ModelSpec) -> Model:
+        settings = self.settings
+        return build_model(
+            apply_overrides(spec, settings), settings.strategy, settings.cache_dir, self.lone
+        )
+
+    def released(self) -> None:
+        """A model was released: what its sessions held goes back to the system."""
+        return_freed_memory()
+
+    def fingerprint(self, name: str) -> tuple[tuple[str, int, int], ...]:
+        """What changes when the model's files do: each file's path, size and mtime."""
+        folder = self.folder(name)
+        if not folder.is_dir():
+            return ()
+        return tuple(
+            (str(p.relative_to(folder)), p.stat().st_size, p.stat().st_mtime_ns)
+            for p in sorted(folder.rglob("*"))
+            if p.is_file()
+        )
+
+
 def load_engine(settings: Settings | Path | str = "models") -> Engine:
     """Every model of a repository (a folder, or full settings) ready, in an engine. Models
     that fail to load stop it, every one of them named in one error (all are tried, so that
@@ -269,27 +332,37 @@ def load_engine(settings: Settings | Path | str = "models") -> Engine:
     instances, threads = thread_layout(
         settings.instances,
         settings.intra_op_threads,
-        all(runs_on_cpu(spec.config.providers) for spec in repository.models.values()),
+        all(
+            runs_on_cpu(spec.config.providers)
+            for specs in repository.models.values()
+            for spec in specs
+        ),
     )
     init_process(threads)  # before the first session: the pool is the process's
-    lone = lone_threads(settings.lone_batch_threads, instances, threads)
-    models = {}
+    loader = Loader(settings, lone_threads(settings.lone_batch_threads, instances, threads))
+    versions: dict[str, dict[int, Model]] = {}
     failed = dict(repository.failed)
-    for name, spec in repository.models.items():
+    for name, specs in repository.models.items():
         try:
-            models[name] = build_model(
-                apply_overrides(spec, settings), settings.strategy, settings.cache_dir, lone
-            )
+            versions[name] = {spec.version: loader.build(spec) for spec in specs}
         except Exception as exc:  # a ConfigError, or ONNX Runtime refusing the graph
-            failed[name] = _load_error(spec, exc)
+            failed[name] = _load_error(specs[-1], exc)
             log.error("model %s did not load: %s", name, failed[name])
     if failed and not settings.allow_partial:
         raise not_loaded(failed, len(repository.models) + len(repository.failed))
-    if not models:
+    if not versions:
         raise ConfigError(f"{settings.models}: no model loaded ({'; '.join(failed.values())})")
     shown = {name: _relative(error, settings.models) for name, error in failed.items()}
     tracing = configured(settings.otlp_endpoint)
-    return Engine(models, repository.default_model, settings, instances, shown, tracing)
+    return Engine(
+        versions,
+        repository.default_model,
+        settings,
+        instances,
+        shown,
+        tracing,
+        loader if settings.model_control != "none" else None,
+    )
 
 
 def _relative(error: str, root: Path) -> str:

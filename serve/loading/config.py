@@ -187,8 +187,26 @@ class EmbeddingConfig(_Strict):
         return widths
 
 
+class VersionPolicy(_Strict):
+    """Which version folders are served at once (Triton's version policy); one of the three."""
+
+    latest: int | None = Field(default=None, gt=0, description="the newest N")
+    all: bool | None = Field(default=None, description="every version folder")
+    specific: list[int] | None = Field(default=None, min_length=1, description="these versions")
+
+    @model_validator(mode="after")
+    def _one(self) -> VersionPolicy:
+        given = [n for n in ("latest", "all", "specific") if getattr(self, n) not in (None, False)]
+        if len(given) != 1:
+            raise ValueError("give exactly one of latest = N, all = true, specific = [...]")
+        return self
+
+
 class ModelConfig(_Strict):
     version: int | None = Field(default=None, description="version folder; default: the newest")
+    version_policy: VersionPolicy | None = Field(
+        default=None, description="several versions at once (default: the one above)"
+    )
     mode: Literal["bucketing", "mutable"] = "bucketing"
     binding: Literal["shared-session", "session-per-key"] = "shared-session"
     providers: list[str] = Field(default=["CPUExecutionProvider"], min_length=1)
@@ -225,6 +243,8 @@ class ModelConfig(_Strict):
                 raise ValueError(f"at most one input may have role '{role.value}'; found {named}")
         if self.tokenizer is not None and self.inputs[sequence[0]].role is not InputRole.TOKENS:
             raise ValueError("a tokenizer needs a 'tokens' input")
+        if self.version is not None and self.version_policy is not None:
+            raise ValueError("give version or version_policy, not both")
         if self.embedding is not None and self.embedding.output not in self.outputs:
             raise ValueError(
                 f"embedding.output {self.embedding.output!r} is not one of the outputs "

@@ -42,7 +42,7 @@ class ModelSpec:
 @dataclass(frozen=True)
 class Repository:
     root: Path
-    models: dict[str, ModelSpec]
+    models: dict[str, list[ModelSpec]]  # every version served, oldest first
     default_model: str | None
     failed: dict[str, str] = field(default_factory=dict)  # model -> why it did not load
 
@@ -55,8 +55,16 @@ def _versions(model_dir: Path) -> list[int]:
 
 
 def load_model_spec(model_dir: Path, name: str | None = None) -> ModelSpec | None:
-    """One model folder -> its spec, served as `name` (default: the folder's name); None when
-    it is an on-demand model not built yet."""
+    """One model folder -> the spec of its newest served version, as `name` (default: the
+    folder's name); None when it is an on-demand model not built yet."""
+    specs = load_model_specs(model_dir, name)
+    return specs[-1] if specs else None
+
+
+def load_model_specs(model_dir: Path, name: str | None = None) -> list[ModelSpec]:
+    """One model folder -> a spec for each version its config serves (`version`, or
+    `version_policy`; by default the newest), oldest first; none when it is an on-demand
+    model not built yet."""
     config_path = model_dir / CONFIG_FILE
     config = load_model_config(config_path)
     versions = _versions(model_dir)
@@ -66,17 +74,37 @@ def load_model_spec(model_dir: Path, name: str | None = None) -> ModelSpec | Non
             model_dir.name,
             config.build,
         )
-        return None
-    if config.version is not None:
-        version = config.version
-        if version not in versions:
-            raise ConfigError(
-                f"{config_path}: version: folder {model_dir / str(version)} not found"
-            )
-    elif versions:
-        version = versions[-1]
-    else:
+        return []
+    if not versions:
         raise ConfigError(f"{model_dir}: no version folder (expected {model_dir}/1/{MODEL_FILE})")
+    if config.batching.buckets == "auto":
+        config = _fit_buckets(config, model_dir, config_path)
+    name = name or model_dir.name
+    return [
+        _version_spec(model_dir, name, config, version)
+        for version in _served_versions(config, versions, config_path)
+    ]
+
+
+def _served_versions(config: ModelConfig, versions: list[int], config_path: Path) -> list[int]:
+    """The version folders the config serves, of those there are (`versions`, sorted)."""
+    policy = config.version_policy
+    wanted = [config.version] if config.version is not None else versions[-1:]
+    if policy is not None and policy.latest is not None:
+        wanted = versions[-policy.latest :]
+    elif policy is not None and policy.all:
+        wanted = versions
+    elif policy is not None and policy.specific is not None:
+        wanted = sorted(set(policy.specific))
+    missing = [v for v in wanted if v not in versions]
+    if missing:
+        field = "version" if config.version is not None else "version_policy"
+        raise ConfigError(f"{config_path}: {field}: no version folder {missing} (have {versions})")
+    return wanted
+
+
+def _version_spec(model_dir: Path, name: str, config: ModelConfig, version: int) -> ModelSpec:
+    config_path = model_dir / CONFIG_FILE
     onnx_path = model_dir / str(version) / MODEL_FILE
     if not onnx_path.is_file():
         raise ConfigError(f"{onnx_path}: file not found")
@@ -87,9 +115,6 @@ def load_model_spec(model_dir: Path, name: str | None = None) -> ModelSpec | Non
             raise ConfigError(f"{config_path}: tokenizer.file: {tokenizer_path} not found")
     signature = read_signature(onnx_path, config)
     axes = resolve_axes(signature, config, functools.partial(ConfigError.at, onnx_path))
-    if config.batching.buckets == "auto":
-        config = _fit_buckets(config, model_dir, config_path)
-    name = name or model_dir.name
     return ModelSpec(name, version, config, onnx_path, signature, axes, tokenizer_path)
 
 
@@ -115,17 +140,22 @@ def _fit_buckets(config: ModelConfig, model_dir: Path, config_path: Path) -> Mod
     return config.model_copy(update={"batching": fitted})
 
 
+def model_folders(root: Path) -> list[Path]:
+    """The folders of a repository that hold a model (a config.toml)."""
+    return sorted(p for p in root.iterdir() if (p / CONFIG_FILE).is_file())
+
+
 def _one_model(folder: Path, name: str, partial: bool) -> Repository:
     try:
-        spec = load_model_spec(folder, name)
+        specs = load_model_specs(folder, name)
     except ConfigError as exc:
         if not partial:
             raise
         log.error("model %s did not load: %s", name, exc.message)
         return Repository(folder, {}, name, {name: exc.message})
-    if spec is None:
+    if not specs:
         raise ConfigError(f"{folder}: the model is not built")
-    return Repository(folder, {name: spec}, name)
+    return Repository(folder, {name: specs}, name)
 
 
 def not_loaded(failed: dict[str, str], models: int) -> ConfigError:
@@ -152,18 +182,18 @@ def load_repository(
         return _one_model(root, name or root.resolve().name, partial)
     if name is not None:
         log.warning("%s is a repository of models: each is served under its folder's name", root)
-    models: dict[str, ModelSpec] = {}
+    models: dict[str, list[ModelSpec]] = {}
     failed: dict[str, str] = {}
-    folders = sorted(p for p in root.iterdir() if (p / CONFIG_FILE).is_file())
+    folders = model_folders(root)
     for model_dir in folders:
         try:
-            spec = load_model_spec(model_dir)
+            specs = load_model_specs(model_dir)
         except ConfigError as exc:
             log.error("model %s did not load: %s", model_dir.name, exc.message)
             failed[model_dir.name] = exc.message
             continue
-        if spec is not None:
-            models[spec.name] = spec
+        if specs:
+            models[model_dir.name] = specs
     if failed and not partial:
         raise not_loaded(failed, len(folders))
     if not models and not failed:

@@ -11,6 +11,8 @@ All sessions share one CPU arena, so that each key's session does not keep an ar
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import gc
 import logging
 import math
 import os
@@ -194,3 +196,12 @@ def write_folded(source: Path, target: Path) -> None:
         "session.optimized_model_external_initializers_min_size_in_bytes", "1024"
     )
     ort.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
+
+
+def return_freed_memory() -> None:
+    """Released sessions' memory given back to the system: their Python objects collected,
+    and the C heap trimmed (glibc keeps freed pages for reuse otherwise, so a model unloaded
+    would not show in Pss)."""
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):  # (not glibc: nothing to trim)
+        ctypes.CDLL("libc.so.6").malloc_trim(0)

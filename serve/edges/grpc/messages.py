@@ -3,7 +3,8 @@ here field by field rather than generated: generated code pins the protobuf runt
 on, and the clients people use (`tritonclient.grpc`) pin theirs. Only what is on the wire
 matters: names, numbers and types are the protocol's, so any v2 client reads them.
 
-The subset served: liveness, readiness, metadata and `ModelInfer`.
+The subset served: liveness, readiness, metadata, `ModelInfer`, and the repository extension
+(index, load, unload).
 """
 
 from __future__ import annotations
@@ -37,6 +38,18 @@ TENSOR = [  # the fields of an input tensor and of an output tensor alike
 
 # message -> [(field, number, type)]; "repeated T" and "map<T>" as in a .proto file, nested
 # messages as "Outer.Inner".
+REPOSITORY_MODEL = [  # a load's or an unload's request
+    ("repository_name", 1, "string"),
+    ("model_name", 2, "string"),
+    ("parameters", 3, "map<ModelRepositoryParameter>"),
+]
+
+REPOSITORY_MODEL = [  # a load's or an unload's request
+    ("repository_name", 1, "string"),
+    ("model_name", 2, "string"),
+    ("parameters", 3, "map<ModelRepositoryParameter>"),
+]
+
 MESSAGES: dict[str, list[tuple[str, int, str]]] = {
     "ServerLiveRequest": [],
     "ServerLiveResponse": [("live", 1, "bool")],
@@ -103,14 +116,42 @@ MESSAGES: dict[str, list[tuple[str, int, str]]] = {
         ("outputs", 5, "repeated ModelInferResponse.InferOutputTensor"),
         ("raw_output_contents", 6, "repeated bytes"),
     ],
+    "RepositoryIndexRequest": [("repository_name", 1, "string"), ("ready", 2, "bool")],
+    "RepositoryIndexResponse.ModelIndex": [
+        ("name", 1, "string"),
+        ("version", 2, "string"),
+        ("state", 3, "string"),
+        ("reason", 4, "string"),
+    ],
+    "RepositoryIndexResponse": [("models", 1, "repeated RepositoryIndexResponse.ModelIndex")],
+    "ModelRepositoryParameter": [  # every field in the oneof `parameter_choice` (ONEOFS)
+        ("bool_param", 1, "bool"),
+        ("int64_param", 2, "int64"),
+        ("string_param", 3, "string"),
+        ("bytes_param", 4, "bytes"),
+    ],
+    "RepositoryModelLoadRequest": REPOSITORY_MODEL,
+    "RepositoryModelLoadResponse": [],
+    "RepositoryModelUnloadRequest": REPOSITORY_MODEL,
+    "RepositoryModelUnloadResponse": [],
 }
 # message -> the oneof its fields all belong to: which one was sent is the parameter's type
-ONEOFS = {"InferParameter": "parameter_choice"}
+ONEOFS = {"InferParameter": "parameter_choice", "ModelRepositoryParameter": "parameter_choice"}
 # method -> (request, response)
 METHODS = {
     name: (f"{name}Request", f"{name}Response")
-    for name in ("ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata")
-} | {"ModelInfer": ("ModelInferRequest", "ModelInferResponse")}
+    for name in (
+        "ServerLive",
+        "ServerReady",
+        "ModelReady",
+        "ServerMetadata",
+        "ModelMetadata",
+        "ModelInfer",
+        "RepositoryIndex",
+        "RepositoryModelLoad",
+        "RepositoryModelUnload",
+    )
+}
 
 
 def _add_field(

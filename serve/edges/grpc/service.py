@@ -51,6 +51,7 @@ SERVER_NAME = "bucketserve"
 STATUS_CODES = {  # HTTP status of our error -> the gRPC code Triton answers such a request with
     400: grpc.StatusCode.INVALID_ARGUMENT,
     401: grpc.StatusCode.UNAUTHENTICATED,
+    403: grpc.StatusCode.FAILED_PRECONDITION,  # (model control off)
     404: grpc.StatusCode.NOT_FOUND,
     422: grpc.StatusCode.INVALID_ARGUMENT,
     503: grpc.StatusCode.UNAVAILABLE,
@@ -82,6 +83,17 @@ def parsed(kind: Any, data: bytes) -> Message:
         return kind.FromString(data)
     except DecodeError:
         raise MalformedRequest(f"the message does not decode as {kind.DESCRIPTOR.name}") from None
+
+
+def _no_parameters(request: Message, allowed: tuple[str, ...] = ()) -> None:
+    """Triton's load takes parameters (a config, files) that this server does not: the
+    model is read from the repository. (An unload's `unload_dependents`, which tritonclient
+    always sends, is read: no model here has dependents.)"""
+    unknown = sorted(set(request.parameters) - set(allowed))
+    if unknown:
+        raise MalformedRequest(
+            f"parameter(s) {unknown[:4]} are not taken here: the model is read from the repository"
+        )
 
 
 class InferenceService:
@@ -118,7 +130,8 @@ class InferenceService:
         )
 
     async def ModelMetadata(self, request: Message, context: Context) -> Message:  # noqa: N802
-        described = metadata(self._model(request.name, request.version))
+        model = self._model(request.name, request.version)
+        described = metadata(model, self.engine.versions.get(model.name, {}))
         tensor = self.messages["ModelMetadataResponse.TensorMetadata"]
         return self.messages["ModelMetadataResponse"](
             name=described["name"],
@@ -127,6 +140,23 @@ class InferenceService:
             inputs=[tensor(**t) for t in described["inputs"]],
             outputs=[tensor(**t) for t in described["outputs"]],
         )
+
+    async def RepositoryIndex(self, request: Message, context: Context) -> Message:  # noqa: N802
+        entries = self.engine.index()
+        if request.ready:
+            entries = [e for e in entries if e["state"] == "READY"]
+        index = self.messages["RepositoryIndexResponse.ModelIndex"]
+        return self.messages["RepositoryIndexResponse"](models=[index(**e) for e in entries])
+
+    async def RepositoryModelLoad(self, request: Message, context: Context) -> Message:  # noqa: N802
+        _no_parameters(request)
+        await self.engine.load(request.model_name)
+        return self.messages["RepositoryModelLoadResponse"]()
+
+    async def RepositoryModelUnload(self, request: Message, context: Context) -> Message:  # noqa: N802
+        _no_parameters(request, ("unload_dependents",))
+        await self.engine.unload(request.model_name)
+        return self.messages["RepositoryModelUnloadResponse"]()
 
     async def ModelInfer(self, request: Message, context: Context) -> Message:  # noqa: N802
         if request.ByteSize() > OFF_LOOP_BYTES:

@@ -23,6 +23,7 @@ from serve.edges.http.common import (
     json_response,
     media_type,
     off_loop,
+    parse_json,
     read_body,
     request_id,
     request_timeout_ms,
@@ -42,11 +43,12 @@ from serve.edges.http.schemas import (
     inlined,
 )
 from serve.edges.kserve import metadata
-from serve.errors import ModelNotFound
+from serve.errors import MalformedRequest, ModelNotFound
 
 router = APIRouter(prefix="/v2", tags=["KServe v2"])
 
 HEADER_LENGTH = "inference-header-content-length"
+UNLOAD_PARAMETERS = ("unload_dependents",)  # tritonclient sends it; no model here has any
 
 
 Handler = Callable[[Request, str, str | None], Awaitable[Response]]
@@ -129,7 +131,8 @@ async def server_metadata(request: Request) -> Response:
     responses=errors(404, 422, 503),
 )
 async def model_metadata(request: Request, name: str, version: str | None) -> Response:
-    return json_response(metadata(_model(request, name, version)))
+    model = _model(request, name, version)
+    return json_response(metadata(model, engine_of(request).versions.get(model.name, {})))
 
 
 @model_routes(
@@ -174,17 +177,54 @@ async def model_ready(request: Request, name: str, version: str | None) -> Respo
     response_model=list[IndexEntry],
 )
 async def repository_index(request: Request) -> Response:
-    """Triton's repository index: each model READY, or UNAVAILABLE with the reason."""
-    engine = engine_of(request)
-    ready = [
-        {"name": name, "version": str(model.info.version), "state": "READY"}
-        for name, model in engine.models.items()
-    ]
-    failed = [
-        {"name": name, "state": "UNAVAILABLE", "reason": error}
-        for name, error in engine.failed.items()
-    ]
-    return json_response(sorted(ready + failed, key=lambda entry: entry["name"]))
+    """Triton's repository index: each version served READY; a model that did not load, or
+    was unloaded, UNAVAILABLE with the reason."""
+    return json_response(engine_of(request).index())
+
+
+@router.post(
+    "/repository/models/{name}/load",
+    summary="Load a model, or replace it, while serving (--model-control explicit or poll)",
+    response_model=dict[str, Any],
+    responses=errors(400, 403, 413, 415),
+)
+async def repository_load(request: Request, name: str) -> Response:
+    """Every version the model's config serves, built and checked beside what is served,
+    then switched to; the versions replaced finish what they took. A failed load: 400, and
+    what was served keeps serving."""
+    await _parameters(request, allowed=())
+    await engine_of(request).load(name)
+    return json_response({})
+
+
+@router.post(
+    "/repository/models/{name}/unload",
+    summary="Unload a model while serving (--model-control explicit or poll)",
+    response_model=dict[str, Any],
+    responses=errors(400, 403, 413, 415),
+)
+async def repository_unload(request: Request, name: str) -> Response:
+    await _parameters(request, allowed=UNLOAD_PARAMETERS)
+    await engine_of(request).unload(name)
+    return json_response({})
+
+
+async def _parameters(request: Request, allowed: tuple[str, ...]) -> None:
+    """A load's or an unload's body: none, or `{"parameters": {...}}` with only the
+    parameters this server reads as Triton does. A load's config or files are refused: the
+    model is read from the repository."""
+    body = await read_body(request, 64 * 1024)
+    if not body.strip():
+        return
+    given = parse_json(body)
+    parameters = given.get("parameters", {}) if isinstance(given, dict) else None
+    if not isinstance(parameters, dict) or set(given) - {"parameters"}:
+        raise MalformedRequest('expected no body, or {"parameters": {...}}')
+    unknown = sorted(str(k)[:64] for k in set(parameters) - set(allowed))
+    if unknown:
+        raise MalformedRequest(
+            f"parameter(s) {unknown} are not taken here: the model is read from the repository"
+        )
 
 
 BINARY_BODY = {"schema": {"type": "string", "format": "binary"}}
