@@ -319,6 +319,12 @@ def test_tritonclient_reloads_a_model_ten_times_under_16_clients(tmp_path: Path)
         assert grpc_control.is_model_ready(NAME)
         index = grpc_control.get_model_repository_index().models
         assert [(m.name, m.version, m.state) for m in index] == [(NAME, "11", "READY")]
+        http_control.unload_model(NAME)  # and unloaded, and loaded again, over HTTP
+        assert not http_control.is_model_ready(NAME)
+        listed = http_control.get_model_repository_index()
+        assert listed == [{"name": NAME, "state": "UNAVAILABLE", "reason": "unloaded"}]
+        http_control.load_model(NAME)
+        assert http_control.is_model_ready(NAME)
         http_control.close()
         grpc_control.close()
     references = {str(v): expected(models, v) for v in range(1, 12)}
