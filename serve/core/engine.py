@@ -152,6 +152,7 @@ class Engine:
                 loaded = await asyncio.to_thread(loader.load, name)
             except Exception as exc:  # a ConfigError, or ONNX Runtime refusing the graph
                 message = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
+                message = message.replace(f"{self.settings.models}/", "")  # (no server paths)
                 kept = "what was served keeps serving" if name in self.versions else "not served"
                 log.error("model %s did not load (%s): %s", name, kept, message)
                 raise LoadFailed(f"model {name} did not load ({kept}): {message}") from None
