@@ -1,5 +1,7 @@
 """The FastAPI application factory: wiring only. The routes live beside it (`predict`,
-`kserve_routes`, `contract`); errors are answered here, in the one error form.
+`kserve_routes`, `openai_api`, `contract`), and so do the middleware (`context`, and `guard`
+when the server has an API key); errors are answered here, in the form of the route they came
+in on (`common.error_body`).
 
 `create_app(settings, engine=None, metrics=None)`: with an engine (the server process, tests),
 the app serves it; with none, the engine is loaded at startup from `settings.models`. An engine
