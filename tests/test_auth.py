@@ -79,6 +79,21 @@ async def test_every_route_needs_the_key(
     assert allowed.status_code < 500
 
 
+async def test_the_document_says_which_routes_need_the_key(client: httpx.AsyncClient) -> None:
+    document = (await client.get("/openapi.json", headers=BEARER)).json()
+    assert document["components"]["securitySchemes"]["apiKey"]["scheme"] == "bearer"
+    paths = document["paths"]
+    predict = paths["/predict"]["post"]
+    assert predict["security"] == [{"apiKey": []}]
+    assert "ErrorBody" in str(predict["responses"]["401"]["content"])
+    embeddings = paths["/v1/embeddings"]["post"]["responses"]["401"]
+    assert "OpenAIError" in str(embeddings["content"])  # the route's own error form
+    for path in ("/v2/health/live", "/v2/health/ready", "/v2/models/{name}/ready"):
+        operation = paths[path]["get"]
+        assert "security" not in operation
+        assert "401" not in operation["responses"]
+
+
 @pytest.mark.parametrize("path", OPEN)
 async def test_health_and_readiness_stay_open(client: httpx.AsyncClient, path: str) -> None:
     assert (await client.get(path)).status_code == 200

@@ -146,6 +146,7 @@ def create_app(
     keys = ApiKeys(settings.api_keys(), settings.open_metrics)
     if keys.required:  # (inside the context: a refusal has its request id, and is counted)
         app.add_middleware(RequireKey, keys=keys, metrics=metrics)
+        contract.document_key(app, keys.open_path)
 
     def tracing() -> Tracing:
         return app.state.engine.tracing if app.state.engine is not None else NO_TRACING

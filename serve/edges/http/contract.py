@@ -9,7 +9,7 @@ setting because a production server has no use for it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from importlib import resources
 from typing import Any
 
@@ -20,6 +20,7 @@ from fastapi.responses import HTMLResponse
 from serve.errors import ConfigError
 
 ASSETS = ("swagger-ui-bundle.js", "swagger-ui.css")
+KEY_SCHEME = "apiKey"
 
 
 def describe_server(
@@ -53,6 +54,35 @@ def describe_server(
             fields["model"] |= models
             app.openapi_schema = schema
         return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def document_key(app: FastAPI, is_open: Callable[[str], bool]) -> None:
+    """With an API key, the document says so: a bearer scheme, and a 401 in the route's own
+    error form on every route that needs the key (`is_open` tells the others)."""
+    document = app.openapi
+    patched: dict[str, dict[str, Any]] = {}
+
+    def openapi() -> dict[str, Any]:
+        if not patched:
+            schema = document()
+            schemes = schema.setdefault("components", {}).setdefault("securitySchemes", {})
+            schemes[KEY_SCHEME] = {"type": "http", "scheme": "bearer"}
+            for path, item in schema["paths"].items():
+                if is_open(path):
+                    continue
+                for operation in item.values():
+                    responses = operation.setdefault("responses", {})
+                    others = [responses[s] for s in ("422", "404", "400") if s in responses]
+                    form: dict[str, Any] = others[0] if others else {}
+                    responses["401"] = {
+                        "description": "no API key, or not one of the server's",
+                        **({"content": form["content"]} if "content" in form else {}),
+                    }
+                    operation["security"] = [{KEY_SCHEME: []}]
+            patched["schema"] = schema
+        return patched["schema"]
 
     app.openapi = openapi  # type: ignore[method-assign]
 
