@@ -66,7 +66,6 @@ class Engine:
             {given.info.version: given}
             for name, given in models.items()
         }  # fmt: skip
-        self.models = {name: newest(versions) for name, versions in self.versions.items()}
         self.failed = dict(failed or {})
         self.unloaded: set[str] = set()  # models unloaded by a client (model control)
         self.loader = loader
@@ -93,10 +92,10 @@ class Engine:
             versions = self.versions[name]
         except KeyError:
             raise ModelNotFound(
-                f"unknown model {quoted(name)} (have {sorted(self.models)})"
+                f"unknown model {quoted(name)} (have {sorted(self.versions)})"
             ) from None
         if not version:
-            return self.models[name]
+            return newest(versions)
         chosen = versions.get(int(version)) if version.isascii() and version.isdigit() else None
         if chosen is None:
             raise ModelNotFound(
@@ -161,7 +160,6 @@ class Engine:
                 self._run(model, self._metrics)
             replaced = self.versions.get(name, {}).values()
             self.versions[name] = dict(sorted(loaded.items()))
-            self.models[name] = newest(loaded)
             self.failed.pop(name, None)
             self.unloaded.discard(name)
             log.info("model %s: versions %s loaded", name, sorted(loaded))
@@ -174,7 +172,6 @@ class Engine:
         self._control()
         async with self._locks.setdefault(name, asyncio.Lock()):
             versions = self.versions.pop(name, {})
-            self.models.pop(name, None)
             self.unloaded.add(name)
             releases = [self._release(model) for model in versions.values()]
             versions.clear()  # (each release holds the last reference to its model)
@@ -246,6 +243,11 @@ class Engine:
             {"name": name, "state": "UNAVAILABLE", "reason": "unloaded"} for name in self.unloaded
         ]
         return sorted(entries, key=lambda e: (e["name"], e.get("version", "")))
+
+    @property
+    def models(self) -> dict[str, Model]:
+        """Each model served, at the version a request that names none gets."""
+        return {name: newest(versions) for name, versions in self.versions.items()}
 
     @property
     def schedulers(self) -> dict[str, Scheduler]:

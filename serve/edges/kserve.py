@@ -305,6 +305,22 @@ async def infer(
     return answer, output_tensors(answer, max(answer.lengths) if steps is None else steps)
 
 
+# The repository extension's parameters read here, as Triton reads them: a load takes none
+# (Triton's inline config and files are refused: the model is read from the repository), an
+# unload `unload_dependents`, which tritonclient always sends (no model here has dependents).
+LOAD_PARAMETERS: tuple[str, ...] = ()
+UNLOAD_PARAMETERS = ("unload_dependents",)
+
+
+def repository_parameters(given: Iterable[str], allowed: tuple[str, ...]) -> None:
+    """MalformedRequest naming the parameters of a load or unload this server does not take."""
+    unknown = sorted(str(name)[:64] for name in set(given) - set(allowed))
+    if unknown:
+        raise MalformedRequest(
+            f"parameter(s) {unknown[:4]} are not taken here: the model is read from the repository"
+        )
+
+
 def described(tensor: Tensor) -> dict[str, Any]:
     """A tensor as v2 metadata shows it: name, datatype, shape with -1 for a free dim."""
     return {

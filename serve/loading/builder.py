@@ -312,10 +312,10 @@ class Loader:
         folder = self.folder(name)
         if not folder.is_dir():
             return ()
+        files = (p for p in sorted(folder.rglob("*")) if p.is_file())
         return tuple(
-            (str(p.relative_to(folder)), p.stat().st_size, p.stat().st_mtime_ns)
-            for p in sorted(folder.rglob("*"))
-            if p.is_file()
+            (str(p.relative_to(folder)), stat.st_size, stat.st_mtime_ns)
+            for p, stat in ((p, p.stat()) for p in files)
         )
 
 

@@ -49,6 +49,7 @@ class Export:
     """What an export folder says, read and checked."""
 
     onnx_path: Path
+    weights: list[Path]  # the files beside it that hold its weights (external data)
     tokenizer_path: Path
     inputs: dict[str, str]  # name -> role
     outputs: list[str]
@@ -109,6 +110,7 @@ def read_export(folder: Path) -> Export:
     outputs = [o.name for o in graph.graph.output]
     return Export(
         onnx_path,
+        _external_files(graph, onnx_path.parent),
         tokenizer_path,
         {name: ROLES[name] for name in names},
         outputs,
@@ -219,14 +221,13 @@ def config_text(export: Export, source: Path) -> str:
     return "\n".join(lines)
 
 
-def _external_files(onnx_path: Path) -> list[Path]:
+def _external_files(graph: onnx.ModelProto, folder: Path) -> list[Path]:
     """The files an ONNX graph keeps its weights in beside it (external data)."""
-    graph = onnx.load(str(onnx_path), load_external_data=False)
     locations = set()
     for init in graph.graph.initializer:
         if init.data_location == onnx.TensorProto.EXTERNAL:
             locations |= {e.value for e in init.external_data if e.key == "location"}
-    return [onnx_path.parent / location for location in sorted(locations)]
+    return [folder / location for location in sorted(locations)]
 
 
 def entry_name(folder: Path) -> str:
@@ -262,7 +263,7 @@ def import_model(folder: Path, models: Path, name: str | None = None) -> Importe
         version = staging / "1"
         version.mkdir()
         shutil.copyfile(export.onnx_path, version / MODEL_FILE)
-        for weights in _external_files(export.onnx_path):
+        for weights in export.weights:
             target = version / weights.relative_to(export.onnx_path.parent)
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(weights, target)

@@ -157,6 +157,15 @@ def _add_settings(command: argparse.ArgumentParser) -> None:
             )
 
 
+def _repository_flag(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
+        "--models",
+        type=Path,
+        default=Path("models"),
+        help="model repository folder (default: ./models)",
+    )
+
+
 def parser() -> argparse.ArgumentParser:
     from modelgen.build import RECIPES
 
@@ -206,12 +215,7 @@ def parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help=f"one of {', '.join(sorted(RECIPES))}",
     )
-    build.add_argument(
-        "--models",
-        type=Path,
-        default=Path("models"),
-        help="model repository folder (default: ./models)",
-    )
+    _repository_flag(build)
     build.set_defaults(run=_models_build)
     imports = models_commands.add_parser(
         "import",
@@ -222,12 +226,7 @@ def parser() -> argparse.ArgumentParser:
     )
     imports.add_argument("path", type=Path, help="the export folder")
     imports.add_argument("--name", help="the entry's name (default: the folder's)")
-    imports.add_argument(
-        "--models",
-        type=Path,
-        default=Path("models"),
-        help="model repository folder (default: ./models)",
-    )
+    _repository_flag(imports)
     imports.set_defaults(run=_models_import)
     return top
 

@@ -85,17 +85,6 @@ def parsed(kind: Any, data: bytes) -> Message:
         raise MalformedRequest(f"the message does not decode as {kind.DESCRIPTOR.name}") from None
 
 
-def _no_parameters(request: Message, allowed: tuple[str, ...] = ()) -> None:
-    """Triton's load takes parameters (a config, files) that this server does not: the
-    model is read from the repository. (An unload's `unload_dependents`, which tritonclient
-    always sends, is read: no model here has dependents.)"""
-    unknown = sorted(set(request.parameters) - set(allowed))
-    if unknown:
-        raise MalformedRequest(
-            f"parameter(s) {unknown[:4]} are not taken here: the model is read from the repository"
-        )
-
-
 class InferenceService:
     """The methods of `GRPCInferenceService` that bucketserve serves."""
 
@@ -149,12 +138,12 @@ class InferenceService:
         return self.messages["RepositoryIndexResponse"](models=[index(**e) for e in entries])
 
     async def RepositoryModelLoad(self, request: Message, context: Context) -> Message:  # noqa: N802
-        _no_parameters(request)
+        kserve.repository_parameters(request.parameters, kserve.LOAD_PARAMETERS)
         await self.engine.load(request.model_name)
         return self.messages["RepositoryModelLoadResponse"]()
 
     async def RepositoryModelUnload(self, request: Message, context: Context) -> Message:  # noqa: N802
-        _no_parameters(request, ("unload_dependents",))
+        kserve.repository_parameters(request.parameters, kserve.UNLOAD_PARAMETERS)
         await self.engine.unload(request.model_name)
         return self.messages["RepositoryModelUnloadResponse"]()
 

@@ -42,13 +42,17 @@ from serve.edges.http.schemas import (
     errors,
     inlined,
 )
-from serve.edges.kserve import metadata
+from serve.edges.kserve import (
+    LOAD_PARAMETERS,
+    UNLOAD_PARAMETERS,
+    metadata,
+    repository_parameters,
+)
 from serve.errors import MalformedRequest, ModelNotFound
 
 router = APIRouter(prefix="/v2", tags=["KServe v2"])
 
 HEADER_LENGTH = "inference-header-content-length"
-UNLOAD_PARAMETERS = ("unload_dependents",)  # tritonclient sends it; no model here has any
 
 
 Handler = Callable[[Request, str, str | None], Awaitable[Response]]
@@ -192,7 +196,7 @@ async def repository_load(request: Request, name: str) -> Response:
     """Every version the model's config serves, built and checked beside what is served,
     then switched to; the versions replaced finish what they took. A failed load: 400, and
     what was served keeps serving."""
-    await _parameters(request, allowed=())
+    await _parameters(request, allowed=LOAD_PARAMETERS)
     await engine_of(request).load(name)
     return json_response({})
 
@@ -211,8 +215,7 @@ async def repository_unload(request: Request, name: str) -> Response:
 
 async def _parameters(request: Request, allowed: tuple[str, ...]) -> None:
     """A load's or an unload's body: none, or `{"parameters": {...}}` with only the
-    parameters this server reads as Triton does. A load's config or files are refused: the
-    model is read from the repository."""
+    parameters `allowed` (`kserve.repository_parameters`)."""
     body = await read_body(request, 64 * 1024)
     if not body.strip():
         return
@@ -220,11 +223,7 @@ async def _parameters(request: Request, allowed: tuple[str, ...]) -> None:
     parameters = given.get("parameters", {}) if isinstance(given, dict) else None
     if not isinstance(parameters, dict) or set(given) - {"parameters"}:
         raise MalformedRequest('expected no body, or {"parameters": {...}}')
-    unknown = sorted(str(k)[:64] for k in set(parameters) - set(allowed))
-    if unknown:
-        raise MalformedRequest(
-            f"parameter(s) {unknown} are not taken here: the model is read from the repository"
-        )
+    repository_parameters(parameters, allowed)
 
 
 BINARY_BODY = {"schema": {"type": "string", "format": "binary"}}
