@@ -14,7 +14,7 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
     TORCH_INDEX=https://download.pytorch.org/whl/cpu
 WORKDIR /src
 COPY pyproject.toml README.md ./
-COPY serve/ serve/
+COPY bucketserve/ bucketserve/
 COPY modelgen/ modelgen/
 COPY models/ models/
 COPY deploy/image/ deploy/image/

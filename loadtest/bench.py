@@ -54,17 +54,17 @@ import onnxruntime as ort
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
+from bucketserve.core.bucketing import BucketPlan
+from bucketserve.loading import ModelSpec, load_model_spec
+from bucketserve.loading.builder import load_tokenizer
+from bucketserve.loading.layouts import layout_alone
+from bucketserve.loading.planner import padding_waste, power_of_two_edges
+from bucketserve.runtime.sessions import usable_cores
 from loadtest.grpc_loadgen import grpc_infer, infer_request
 from loadtest.lengths import LengthDistribution
 from loadtest.loadgen import Connect, Result, closed_loop, encode_post, http, open_loop
 from loadtest.payloads import natural_texts
 from loadtest.process import ROOT, free_port, running_process, running_server
-from serve.core.bucketing import BucketPlan
-from serve.loading import ModelSpec, load_model_spec
-from serve.loading.builder import load_tokenizer
-from serve.loading.layouts import layout_alone
-from serve.loading.planner import padding_waste, power_of_two_edges
-from serve.runtime.sessions import usable_cores
 
 CONCURRENCY = 16
 TARGETS = {"ceiling_ratio": 0.92, "speedup_vs_naive": 1.35, "padding_waste": 0.05}

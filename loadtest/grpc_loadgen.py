@@ -11,9 +11,9 @@ from __future__ import annotations
 import grpc
 import numpy as np
 
+from bucketserve.edges.grpc.messages import MESSAGE_CLASSES, SERVICE
+from bucketserve.edges.tensors import DATATYPE_OF
 from loadtest.loadgen import Connect, Connection
-from serve.edges.grpc.messages import MESSAGE_CLASSES, SERVICE
-from serve.edges.tensors import DATATYPE_OF
 
 
 def infer_request(model: str, inputs: dict[str, np.ndarray], outputs: list[str]) -> bytes:

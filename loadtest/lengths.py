@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from serve.loading.planner import read_lengths
+from bucketserve.loading.planner import read_lengths
 
 SPECS = "natural | fixed:N | uniform:LO:HI | file:PATH"
 

@@ -24,8 +24,8 @@ ONE_LOAD = """
 import json, sys, time
 from pathlib import Path
 began = time.perf_counter()
-from serve.loading import build_model, load_model_spec
-from serve.runtime.sessions import init_process
+from bucketserve.loading import build_model, load_model_spec
+from bucketserve.runtime.sessions import init_process
 imported = time.perf_counter()
 init_process()
 spec = load_model_spec(Path(sys.argv[1]))

@@ -34,7 +34,7 @@ def running_server(
 ) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     """`bucketserve serve` on the repository `models`: the process and its base URL, once
     /v2/health/ready answers 200."""
-    command = [sys.executable, "-m", "serve.process.cli", "serve", "--models", str(models), *flags]
+    command = [sys.executable, "-m", "bucketserve", "serve", "--models", str(models), *flags]
     with running_process(command, log_path=log_path, env=env, ready_within_s=ready_within_s) as up:
         yield up
 

@@ -53,10 +53,12 @@ def checked_out(revision: str) -> Iterator[Path]:
 @contextlib.contextmanager
 def server(source: Path, model: str, log: Path) -> Iterator[int]:
     """The server of `source` on this repository's models: its port, once ready. (It runs in
-    `source`, whose `serve` then comes first on the path, before the installed one.)"""
+    `source`, whose package then comes first on the path, before the installed one; before
+    the package was named `bucketserve`, it was `serve`.)"""
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     env["PYTHONPATH"] = str(source)
-    command = [sys.executable, "-m", "serve.process.cli", "serve", "--models", str(ROOT / "models")]
+    module = "bucketserve" if (source / "bucketserve").is_dir() else "serve.process.cli"
+    command = [sys.executable, "-m", module, "serve", "--models", str(ROOT / "models")]
     command += ["--default-model", model, "--log-level", "warning"]
     with running_process(command, log_path=log, env=env, cwd=source) as (_, url):
         yield int(url.rsplit(":", 1)[1])

@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from serve.loading import ModelSpec, load_model_spec
+from bucketserve.loading import ModelSpec, load_model_spec
 from tests.helpers import MODELS
 
 
@@ -34,7 +34,7 @@ def minilm_spec() -> ModelSpec:
             [
                 sys.executable,
                 "-m",
-                "serve.process.cli",
+                "bucketserve",
                 "models",
                 "build",
                 "minilm",

@@ -13,9 +13,9 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from serve.core.bucketing import BucketKey, BucketPlan, Invariance
-from serve.core.layout import Input, InputRole, Layout, Tensor
-from serve.core.model import Model, ModelInfo, SequenceRules
+from bucketserve.core.bucketing import BucketKey, BucketPlan, Invariance
+from bucketserve.core.layout import Input, InputRole, Layout, Tensor
+from bucketserve.core.model import Model, ModelInfo, SequenceRules
 
 IDS = np.dtype(np.int64)
 LAYOUT = Layout(

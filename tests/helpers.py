@@ -15,14 +15,14 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from bucketserve.core.engine import Engine
+from bucketserve.edges.http.app import create_app
+from bucketserve.loading import ModelSpec, load_engine, load_model_spec
+from bucketserve.loading.layouts import layout_of
+from bucketserve.runtime.sessions import own_pools_allowed, run_all
+from bucketserve.settings import Settings
 from loadtest.process import running_server
 from modelgen.save import save_model
-from serve.core.engine import Engine
-from serve.edges.http.app import create_app
-from serve.loading import ModelSpec, load_engine, load_model_spec
-from serve.loading.layouts import layout_of
-from serve.runtime.sessions import own_pools_allowed, run_all
-from serve.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "models"

@@ -12,8 +12,8 @@ import json
 import sys
 from pathlib import Path
 
-from serve.loading import build_model, load_model_spec
-from serve.loading.check import random_sequences
+from bucketserve.loading import build_model, load_model_spec
+from bucketserve.loading.check import random_sequences
 
 
 def pss_bytes() -> int:

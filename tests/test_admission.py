@@ -9,9 +9,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from serve.core.calls import Call, Sequences
-from serve.core.engine import Engine
-from serve.settings import Settings
+from bucketserve.core.calls import Call, Sequences
+from bucketserve.core.engine import Engine
+from bucketserve.settings import Settings
 from tests.fakes import FakeExecutor, fake_model
 from tests.helpers import serving
 

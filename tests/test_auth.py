@@ -13,10 +13,10 @@ from typing import Any
 import httpx
 import pytest
 
+from bucketserve.errors import ConfigError
+from bucketserve.loading import load_engine
+from bucketserve.settings import Settings
 from loadtest.process import free_port
-from serve.errors import ConfigError
-from serve.loading import load_engine
-from serve.settings import Settings
 from tests.helpers import copy_bundled, server_process, serving
 
 KEY = "sk-test-4f2a9c0e7b1d"

@@ -10,14 +10,14 @@ import numpy as np
 import onnx
 import pytest
 
+from bucketserve.core.layout import Tensor
+from bucketserve.errors import ConfigError
+from bucketserve.loading import build_model, load_model_spec
+from bucketserve.loading.axes import Axes
+from bucketserve.loading.check import random_sequences
+from bucketserve.loading.probe import fit_steps
 from modelgen import graphs, zoo
 from modelgen.save import save_model
-from serve.core.layout import Tensor
-from serve.errors import ConfigError
-from serve.loading import build_model, load_model_spec
-from serve.loading.axes import Axes
-from serve.loading.check import random_sequences
-from serve.loading.probe import fit_steps
 from tests.helpers import MODELS, Reference, spec_of, write_model
 from tests.zoo import ZOO, add_to
 

@@ -12,10 +12,10 @@ import numpy as np
 import orjson
 import pytest
 
+from bucketserve.loading import ModelSpec
+from bucketserve.loading.importer import import_model
 from loadtest.bench import OVER_OPENAI, thread_layouts, token_ids_over_grpc, workload
 from loadtest.lengths import LengthDistribution
-from serve.loading import ModelSpec
-from serve.loading.importer import import_model
 from tests.exports import write_export
 from tests.helpers import ROOT
 

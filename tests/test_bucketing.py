@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from serve.core.bucketing import BucketKey, BucketPlan, Invariance, Policy
-from serve.errors import InvalidInput
+from bucketserve.core.bucketing import BucketKey, BucketPlan, Invariance, Policy
+from bucketserve.errors import InvalidInput
 
 PLAN = BucketPlan(edges=(8, 16, 32, 64), max_batch_size=8, max_batch_tokens=256)
 

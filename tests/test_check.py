@@ -12,12 +12,12 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from bucketserve.core.bucketing import Policy
+from bucketserve.core.model import SequenceRules
+from bucketserve.errors import ConfigError
+from bucketserve.loading import build_model, load_model_spec
+from bucketserve.loading.check import difference, random_sequences
 from modelgen.save import save_model
-from serve.core.bucketing import Policy
-from serve.core.model import SequenceRules
-from serve.errors import ConfigError
-from serve.loading import build_model, load_model_spec
-from serve.loading.check import difference, random_sequences
 from tests.helpers import Reference, make_engine, serving, spec_of
 from tests.zoo import ZOO, add_to
 
@@ -27,7 +27,7 @@ def test_the_check_finds_each_exports_policy(
     tmp_models: Path, name: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     spec = spec_of(add_to(tmp_models, name).parent, name)
-    with caplog.at_level(logging.INFO, logger="serve.loading"):
+    with caplog.at_level(logging.INFO, logger="bucketserve.loading"):
         model = build_model(spec)
 
     expected = Policy(ZOO[name].policy)
@@ -94,7 +94,7 @@ def test_a_config_that_knows_better_is_obeyed_and_warned(
 ) -> None:
     folder = add_to(tmp_models, "int8-bilstm")
     (folder / "config.toml").write_text(ZOO["int8-bilstm"].config + 'policy = "buckets"\n')
-    with caplog.at_level(logging.WARNING, logger="serve.loading"):
+    with caplog.at_level(logging.WARNING, logger="bucketserve.loading"):
         model = build_model(spec_of(tmp_models, "int8-bilstm"))
     assert model.plan.policy is Policy.BUCKETS
     assert model.info.served_config["check"]["policy"] == "single"  # what was measured

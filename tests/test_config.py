@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from serve.errors import ConfigError
-from serve.loading import load_model_spec, load_repository
-from serve.loading.repository import load_model_specs
+from bucketserve.errors import ConfigError
+from bucketserve.loading import load_model_spec, load_repository
+from bucketserve.loading.repository import load_model_specs
 from tests.helpers import MODELS, copy_bundled
 
 GOOD = (MODELS / "tiny-encoder" / "config.toml").read_text()

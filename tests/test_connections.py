@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
-from serve.edges.http.connections import MAX_HEAD_BYTES
+from bucketserve.edges.http.connections import MAX_HEAD_BYTES
 from tests.helpers import copy_bundled, server_process
 
 pytestmark = pytest.mark.slow  # the full tier: real server processes

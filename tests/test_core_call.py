@@ -9,11 +9,11 @@ from typing import Any
 import numpy as np
 import pytest
 
+from bucketserve.core.calls import Answer, Call
+from bucketserve.core.engine import Engine
+from bucketserve.metrics import Metrics
+from bucketserve.settings import Settings
 from loadtest.process import free_port
-from serve.core.calls import Answer, Call
-from serve.core.engine import Engine
-from serve.metrics import Metrics
-from serve.settings import Settings
 from tests.fakes import fake_model
 from tests.helpers import padded, serving
 
@@ -58,7 +58,7 @@ def grpc_request() -> bytes:
 
 
 async def test_every_edge_makes_the_same_call_for_the_same_sequences() -> None:
-    from serve.edges.grpc import GrpcServer
+    from bucketserve.edges.grpc import GrpcServer
 
     model, _ = fake_model()
     port = free_port()

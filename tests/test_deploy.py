@@ -17,6 +17,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from bucketserve.edges.http.app import create_app
+from bucketserve.process.cli import PROBE_PATHS, parser
+from bucketserve.settings import Settings, env_name
 from deploy.image.smoke import (
     dockerignore_rules,
     env_of,
@@ -27,9 +30,6 @@ from deploy.image.smoke import (
 )
 from loadtest.process import running_server
 from modelgen.build import RECIPES
-from serve.edges.http.app import create_app
-from serve.process.cli import PROBE_PATHS, parser
-from serve.settings import Settings, env_name
 from tests.helpers import ROOT, copy_bundled
 
 K8S = ROOT / "deploy" / "k8s"
@@ -136,7 +136,7 @@ def test_image_steps_serve_minilm_from_fresh_environments(tmp_path: Path) -> Non
 def test_probe_command_reports_health(tmp_models: Path) -> None:
     def probe(what: str, port: int) -> int:
         return subprocess.run(
-            [sys.executable, "-m", "serve.process.cli", "probe", what, "--port", str(port)],
+            [sys.executable, "-m", "bucketserve", "probe", what, "--port", str(port)],
             cwd=ROOT,
             capture_output=True,
             check=False,

@@ -12,11 +12,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from serve.core.engine import Engine
-from serve.edges.http.app import create_app
-from serve.loading import ModelSpec, build_model
-from serve.logs import Throttled
-from serve.settings import Settings
+from bucketserve.core.engine import Engine
+from bucketserve.edges.http.app import create_app
+from bucketserve.loading import ModelSpec, build_model
+from bucketserve.logs import Throttled
+from bucketserve.settings import Settings
 from tests.fakes import fake_model
 from tests.helpers import serving
 
@@ -105,7 +105,7 @@ async def test_a_large_body_is_decoded_off_the_event_loop(
     monkeypatch: pytest.MonkeyPatch, padding: int, off_loop: bool
 ) -> None:
     """8 MB of JSON takes ~150 ms to parse: on the event loop it would stall everyone else."""
-    from serve.edges.http import predict
+    from bucketserve.edges.http import predict
 
     threads: list[threading.Thread] = []
     parse = predict.parse_predict
@@ -176,7 +176,7 @@ async def test_a_failing_batch_is_logged_once_and_its_clients_see_no_runtime_tex
     assert "INVALID_ARGUMENT" not in failed.text
     assert fine.status_code == 200  # the model serves on
     # the traceback, with the runtime's words and the request it failed, logged once
-    said = [r for r in caplog.records if r.name == "serve.core.scheduler"]
+    said = [r for r in caplog.records if r.name == "bucketserve.core.scheduler"]
     assert len(said) == 1
     assert said[0].levelno == logging.ERROR
     assert "req-7" in said[0].getMessage()

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from serve.core.bucketing import Policy
-from serve.loading import ModelSpec, build_model
-from serve.loading.check import random_sequences
-from serve.loading.layouts import sequence_rules
+from bucketserve.core.bucketing import Policy
+from bucketserve.loading import ModelSpec, build_model
+from bucketserve.loading.check import random_sequences
+from bucketserve.loading.layouts import sequence_rules
 from tests.helpers import Reference, lengths_over_buckets
 
 STRATEGIES = ["shared-session", "session-per-key", "mutable"]

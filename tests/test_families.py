@@ -11,10 +11,10 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from bucketserve.loading import build_model
+from bucketserve.loading.check import random_sequences
 from modelgen.graphs import IR_VERSION, OPSET
 from modelgen.save import save_model
-from serve.loading import build_model
-from serve.loading.check import random_sequences
 from tests.helpers import make_engine, serving, spec_of
 from tests.zoo import BATCHING, ZOO, add_to
 

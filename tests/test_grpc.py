@@ -16,8 +16,8 @@ import httpx
 import numpy as np
 import pytest
 
+from bucketserve.loading.importer import import_model
 from loadtest.process import free_port
-from serve.loading.importer import import_model
 from tests.exports import texts, write_export
 from tests.helpers import copy_bundled, padded, server_process
 

@@ -9,11 +9,11 @@ from typing import Any
 
 import numpy as np
 
-from serve.core.bucketing import BucketKey
-from serve.core.engine import Engine
-from serve.loading import ModelSpec, build_model
-from serve.loading.check import random_sequences
-from serve.settings import Settings
+from bucketserve.core.bucketing import BucketKey
+from bucketserve.core.engine import Engine
+from bucketserve.loading import ModelSpec, build_model
+from bucketserve.loading.check import random_sequences
+from bucketserve.settings import Settings
 from tests.helpers import Reference, lengths_over_buckets, make_engine, serving, spec_of
 
 

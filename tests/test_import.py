@@ -17,11 +17,11 @@ import onnxruntime as ort
 import pytest
 from tokenizers import Tokenizer
 
-from serve.errors import ConfigError
-from serve.loading import load_engine
-from serve.loading.importer import MODULE, bucket_edges, import_model
-from serve.runtime.sessions import own_pools_allowed
-from serve.settings import Settings
+from bucketserve.errors import ConfigError
+from bucketserve.loading import load_engine
+from bucketserve.loading.importer import MODULE, bucket_edges, import_model
+from bucketserve.runtime.sessions import own_pools_allowed
+from bucketserve.settings import Settings
 from tests.exports import MAX_SEQ_LENGTH, pooled_reference, texts, write_export
 from tests.helpers import serving
 
@@ -156,7 +156,7 @@ def test_refusals_leave_nothing_behind(tmp_path: Path) -> None:
 
 def test_the_command_prints_what_it_wrote_and_the_verdict(tmp_path: Path) -> None:
     folder = write_export(tmp_path / "export", pooling="cls")
-    command = [sys.executable, "-m", "serve.process.cli", "models", "import", str(folder)]
+    command = [sys.executable, "-m", "bucketserve", "models", "import", str(folder)]
     command += ["--name", "cls-model", "--models", str(tmp_path / "models")]
     result = subprocess.run(command, capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr

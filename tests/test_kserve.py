@@ -19,8 +19,8 @@ import httpx
 import pytest
 import yaml
 
+from bucketserve.process.cli import PROBE_PATHS
 from loadtest.process import free_port, running_process
-from serve.process.cli import PROBE_PATHS
 from tests.helpers import MODELS, ROOT
 from tests.test_deploy import SETTINGS_ENV, _routes, read_dockerfile
 

@@ -1,5 +1,5 @@
 """Import rules are contracts that import-linter checks (pyproject.toml): deny by default, every
-module of `serve` placed in a layer, external packages imported only where named. The suite
+module of `bucketserve` placed in a layer, external packages imported only where named. The suite
 runs them on the project, and shows that planted violations of every kind break them.
 """
 
@@ -16,7 +16,7 @@ import pytest
 
 from tests.helpers import ROOT
 
-PACKAGE = ROOT / "serve"
+PACKAGE = ROOT / "bucketserve"
 LINT = [sys.executable, "-c", "from importlinter.cli import lint_imports_command as c; c()"]
 
 
@@ -40,32 +40,38 @@ def test_the_contracts_hold() -> None:
 
 # (module, what is planted in it): each must break a contract
 PLANTS = {
-    "absolute": ("serve/core/queues.py", "import serve.edges.kserve"),
-    "from-package": ("serve/runtime/weights.py", "from serve import edges"),
-    "name-from-package-root": ("serve/core/model.py", "from serve import load_engine"),
-    "relative": ("serve/runtime/binding.py", "from ..edges.http import common"),
-    "relative-parent": ("serve/core/layout.py", "from .. import loading"),
+    "absolute": ("bucketserve/core/queues.py", "import bucketserve.edges.kserve"),
+    "from-package": ("bucketserve/runtime/weights.py", "from bucketserve import edges"),
+    "name-from-package-root": ("bucketserve/core/model.py", "from bucketserve import load_engine"),
+    "relative": ("bucketserve/runtime/binding.py", "from ..edges.http import common"),
+    "relative-parent": ("bucketserve/core/layout.py", "from .. import loading"),
     "inside-a-function": (
-        "serve/core/bucketing.py",
-        "def later() -> None:\n    from serve.edges.http import app",
+        "bucketserve/core/bucketing.py",
+        "def later() -> None:\n    from bucketserve.edges.http import app",
     ),
-    "sibling-room": ("serve/edges/http/common.py", "from serve.edges.grpc import service"),
-    "loading-inner": ("serve/loading/config.py", "from serve.loading import repository"),
-    "core-inner": ("serve/core/model.py", "from serve.core import scheduler"),
+    "sibling-room": (
+        "bucketserve/edges/http/common.py",
+        "from bucketserve.edges.grpc import service",
+    ),
+    "loading-inner": (
+        "bucketserve/loading/config.py",
+        "from bucketserve.loading import repository",
+    ),
+    "core-inner": ("bucketserve/core/model.py", "from bucketserve.core import scheduler"),
     "edge-past-the-call": (
-        "serve/edges/http/predict.py",
-        "from serve.core.scheduler import Scheduler",
+        "bucketserve/edges/http/predict.py",
+        "from bucketserve.core.scheduler import Scheduler",
     ),
-    "external": ("serve/core/layout.py", "import onnxruntime"),
-    "web-framework": ("serve/core/engine.py", "import fastapi"),
-    "builders": ("serve/loading/builder.py", "import modelgen.graphs"),
-    "module-in-no-layer": ("serve/shortcut.py", ""),
+    "external": ("bucketserve/core/layout.py", "import onnxruntime"),
+    "web-framework": ("bucketserve/core/engine.py", "import fastapi"),
+    "builders": ("bucketserve/loading/builder.py", "import modelgen.graphs"),
+    "module-in-no-layer": ("bucketserve/shortcut.py", ""),
 }
 
 
 @pytest.mark.parametrize(("module", "planted"), PLANTS.values(), ids=list(PLANTS))
 def test_a_planted_violation_breaks_a_contract(tmp_path: Path, module: str, planted: str) -> None:
-    for part in ("serve", "modelgen"):
+    for part in ("bucketserve", "modelgen"):
         shutil.copytree(ROOT / part, tmp_path / part, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "pyproject.toml", tmp_path)
     target = tmp_path / module

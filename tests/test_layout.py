@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from serve.core.layout import Layout, Tensor
-from serve.loading import load_model_spec
-from serve.loading.layouts import layout_alone
+from bucketserve.core.layout import Layout, Tensor
+from bucketserve.loading import load_model_spec
+from bucketserve.loading.layouts import layout_alone
 from tests.helpers import MODELS
 
 

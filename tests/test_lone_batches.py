@@ -12,11 +12,11 @@ import httpx
 import numpy as np
 import pytest
 
-from serve.core.bucketing import BucketKey
-from serve.loading import load_model_spec
-from serve.loading.check import random_sequences
-from serve.loading.layouts import sequence_rules
-from serve.runtime.sessions import lone_threads, usable_cores
+from bucketserve.core.bucketing import BucketKey
+from bucketserve.loading import load_model_spec
+from bucketserve.loading.check import random_sequences
+from bucketserve.loading.layouts import sequence_rules
+from bucketserve.runtime.sessions import lone_threads, usable_cores
 from tests.fakes import FakeExecutor, fake_model
 from tests.helpers import Reference, copy_bundled, server_process
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from serve.core.bucketing import Policy
-from serve.loading.check import random_sequences
+from bucketserve.core.bucketing import Policy
+from bucketserve.loading.check import random_sequences
 from tests.helpers import make_engine, serving
 from tests.zoo import add_to
 

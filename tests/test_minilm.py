@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from serve.loading import ModelSpec, build_model
+from bucketserve.loading import ModelSpec, build_model
 from tests.helpers import Reference
 
 

@@ -18,12 +18,12 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
+from bucketserve.core.engine import Engine
+from bucketserve.loading import load_engine
+from bucketserve.runtime.sessions import own_pools_allowed
+from bucketserve.settings import Settings
 from modelgen.graphs import encoder
 from modelgen.save import save_model
-from serve.core.engine import Engine
-from serve.loading import load_engine
-from serve.runtime.sessions import own_pools_allowed
-from serve.settings import Settings
 from tests.helpers import serving
 
 NAME = "enc"

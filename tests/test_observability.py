@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from serve.metrics import Metrics
+from bucketserve.metrics import Metrics
 from tests.helpers import ROOT
 
 GRAFANA = ROOT / "deploy" / "grafana"

@@ -16,10 +16,10 @@ import httpx
 import numpy as np
 import pytest
 
-from serve.core.engine import Engine
-from serve.loading import load_engine
-from serve.loading.importer import import_model
-from serve.settings import Settings
+from bucketserve.core.engine import Engine
+from bucketserve.loading import load_engine
+from bucketserve.loading.importer import import_model
+from bucketserve.settings import Settings
 from tests.exports import pooled_reference, texts, write_export
 from tests.helpers import copy_bundled, server_process, serving
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from serve.errors import ConfigError
-from serve.loading import load_model_spec
-from serve.loading.planner import padding_waste, plan_edges, power_of_two_edges
+from bucketserve.errors import ConfigError
+from bucketserve.loading import load_model_spec
+from bucketserve.loading.planner import padding_waste, plan_edges, power_of_two_edges
 from tests.helpers import MODELS, ROOT, copy_bundled
 
 
@@ -107,7 +107,7 @@ def test_plan_command(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "serve.process.cli",
+            "bucketserve",
             "plan",
             "--lengths",
             str(sample),

@@ -17,7 +17,7 @@ import httpx
 import numpy as np
 import pytest
 
-from serve.process.cli import lengths_from_metrics
+from bucketserve.process.cli import lengths_from_metrics
 from tests.helpers import copy_bundled, server_process
 
 pytestmark = pytest.mark.slow  # the full tier: real server processes
@@ -118,7 +118,7 @@ def test_a_model_that_fails_to_load_stops_the_server_unless_partial(models: Path
         [
             sys.executable,
             "-m",
-            "serve.process.cli",
+            "bucketserve",
             "serve",
             "--models",
             str(models),

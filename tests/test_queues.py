@@ -8,8 +8,8 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from serve.core.bucketing import BucketKey, BucketPlan
-from serve.core.queues import BucketQueues, Pending
+from bucketserve.core.bucketing import BucketKey, BucketPlan
+from bucketserve.core.queues import BucketQueues, Pending
 
 PLAN = BucketPlan(edges=(8, 16, 32), max_batch_size=4, max_batch_tokens=64)
 DELAY = 0.005

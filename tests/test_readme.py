@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from bucketserve.loading import ModelSpec
+from bucketserve.process.cli import PROBE_PATHS
 from loadtest.process import free_port
-from serve.loading import ModelSpec
-from serve.process.cli import PROBE_PATHS
 from tests.helpers import ROOT
 
 pytestmark = pytest.mark.slow  # the full tier: real server processes

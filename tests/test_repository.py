@@ -11,10 +11,10 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
+from bucketserve.errors import ConfigError
+from bucketserve.loading import load_engine
+from bucketserve.settings import Settings
 from modelgen.save import save_model
-from serve.errors import ConfigError
-from serve.loading import load_engine
-from serve.settings import Settings
 from tests.helpers import MODELS, copy_bundled, serving
 
 

@@ -9,13 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from serve.core.bucketing import BucketKey
-from serve.core.model import Model
-from serve.errors import ConfigError
-from serve.loading import build_model, load_model_spec
-from serve.loading.check import random_sequences
-from serve.runtime.sessions import runs_on_cpu, thread_layout, usable_cores
-from serve.settings import Settings
+from bucketserve.core.bucketing import BucketKey
+from bucketserve.core.model import Model
+from bucketserve.errors import ConfigError
+from bucketserve.loading import build_model, load_model_spec
+from bucketserve.loading.check import random_sequences
+from bucketserve.runtime.sessions import runs_on_cpu, thread_layout, usable_cores
+from bucketserve.settings import Settings
 from tests.helpers import (
     MODELS,
     Reference,

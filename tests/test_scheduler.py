@@ -10,11 +10,11 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from serve.core.bucketing import BucketKey
-from serve.core.layout import Outputs
-from serve.core.model import Model
-from serve.core.scheduler import Scheduler
-from serve.errors import DeadlineExceeded, InferenceFailed, Unavailable
+from bucketserve.core.bucketing import BucketKey
+from bucketserve.core.layout import Outputs
+from bucketserve.core.model import Model
+from bucketserve.core.scheduler import Scheduler
+from bucketserve.errors import DeadlineExceeded, InferenceFailed, Unavailable
 from tests.fakes import FakeExecutor, fake_model
 
 

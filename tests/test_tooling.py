@@ -14,8 +14,18 @@ from tests.helpers import ROOT
 @pytest.mark.parametrize(
     "command",
     [
-        ["ruff", "check", "serve", "modelgen", "tests", "loadtest", "models", "deploy"],
-        ["ruff", "format", "--check", "serve", "modelgen", "tests", "loadtest", "models", "deploy"],
+        ["ruff", "check", "bucketserve", "modelgen", "tests", "loadtest", "models", "deploy"],
+        [
+            "ruff",
+            "format",
+            "--check",
+            "bucketserve",
+            "modelgen",
+            "tests",
+            "loadtest",
+            "models",
+            "deploy",
+        ],
         ["mypy"],
     ],
     ids=["ruff-check", "ruff-format", "mypy"],

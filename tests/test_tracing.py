@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from serve.loading import load_engine
-from serve.settings import Settings
-from serve.tracing import OpenTelemetryTracing, Tracing, configured
+from bucketserve.loading import load_engine
+from bucketserve.settings import Settings
+from bucketserve.tracing import OpenTelemetryTracing, Tracing, configured
 from tests.helpers import copy_bundled, serving
 
 sdk_trace = pytest.importorskip("opentelemetry.sdk.trace")
@@ -107,9 +107,9 @@ def test_grpc_continues_a_traceparent(models: Path, exporter: Any, tmp_path: Pat
     """Over gRPC, in process: the server's own listener on a free port, tritonclient's
     metadata carrying the parent."""
     grpcclient = pytest.importorskip("tritonclient.grpc")
+    from bucketserve.edges.grpc.listener import GrpcServer
+    from bucketserve.metrics import Metrics
     from loadtest.process import free_port
-    from serve.edges.grpc.listener import GrpcServer
-    from serve.metrics import Metrics
 
     port = free_port()
     settings = Settings(models=models, grpc_port=port)
@@ -175,8 +175,8 @@ def test_off_the_process_loads_no_sdk(models: Path) -> None:
 
     script = (
         "import asyncio, sys, httpx\n"
-        "from serve.loading import load_engine\n"
-        "from serve.edges.http.app import create_app\n"
+        "from bucketserve.loading import load_engine\n"
+        "from bucketserve.edges.http.app import create_app\n"
         f"engine = load_engine({str(models)!r})\n"
         "async def ask():\n"
         "    app = create_app(engine.settings, engine)\n"

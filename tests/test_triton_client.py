@@ -9,9 +9,9 @@ import httpx
 import numpy as np
 import pytest
 
-from serve.loading.check import random_sequences
-from serve.loading.importer import import_model
-from serve.loading.layouts import sequence_rules
+from bucketserve.loading.check import random_sequences
+from bucketserve.loading.importer import import_model
+from bucketserve.loading.layouts import sequence_rules
 from tests.exports import texts, write_export
 from tests.helpers import Reference, copy_bundled, padded, server_process, spec_of
 from tests.zoo import add_to

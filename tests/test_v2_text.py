@@ -15,9 +15,9 @@ import numpy as np
 import orjson
 import pytest
 
-from serve.loading import load_engine
-from serve.loading.importer import import_model
-from serve.settings import Settings
+from bucketserve.loading import load_engine
+from bucketserve.loading.importer import import_model
+from bucketserve.settings import Settings
 from tests.exports import texts, write_export
 from tests.helpers import copy_bundled, serving
 

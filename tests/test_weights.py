@@ -15,10 +15,10 @@ from typing import Any
 import onnx
 import pytest
 
+from bucketserve.errors import ConfigError
+from bucketserve.loading import build_model
 from modelgen import graphs, zoo
 from modelgen.save import save_model
-from serve.errors import ConfigError
-from serve.loading import build_model
 from tests.helpers import ENCODER_CONFIG, ROOT, spec_of
 from tests.zoo import add_to
 

@@ -11,11 +11,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from serve.core.bucketing import Policy
-from serve.core.layout import InputRole
-from serve.loading import ModelSpec
-from serve.loading.check import random_sequences
-from serve.runtime.sessions import GraphFile, side_session
+from bucketserve.core.bucketing import Policy
+from bucketserve.core.layout import InputRole
+from bucketserve.loading import ModelSpec
+from bucketserve.loading.check import random_sequences
+from bucketserve.runtime.sessions import GraphFile, side_session
 from tests.helpers import make_engine, serving, spec_of
 from tests.zoo import ZOO, add_to
 

@@ -1,0 +1,102 @@
+"""Pure bucketing: which key a length falls in, and how many rows a key holds.
+
+No ONNX Runtime and no asyncio. `BucketPlan` maps a sequence length to a `BucketKey(rows,
+length)`: the bucket edge it pads to and the batch capacity there, min(max_batch_size,
+max_batch_tokens // length). How far a model may be batched is its `Policy`, chosen at load
+from what batching was measured to do to its answers (`Invariance`). Collating a batch and
+splitting its outputs is `bucketserve.core.layout`'s.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+from bucketserve.errors import InvalidInput
+
+
+@dataclass(frozen=True, order=True)
+class BucketKey:
+    """A bound executor's shape: up to `rows` sequences, each padded to `length`."""
+
+    rows: int
+    length: int
+
+    def __str__(self) -> str:
+        return f"{self.rows}x{self.length}"
+
+
+class Policy(StrEnum):
+    """How far a model's sequences may share a run, from the loosest to the strictest."""
+
+    BUCKETS = "buckets"  # any lengths of one bucket, padded: padding and batching move nothing
+    EXACT_LENGTH = "exact-length"  # only equal lengths, never padded: padding moves outputs
+    SINGLE = "single"  # one sequence per run: other rows move a row's outputs
+
+
+@dataclass(frozen=True)
+class Invariance:
+    """What batching does to a model's answers, measured at load: the worst difference from
+    the model run on each sequence alone, |batched - alone| / (1 + |alone|), when padded in a
+    batch and when in an unpadded batch of equal lengths."""
+
+    padding: float
+    batching: float
+    tolerance: float
+
+    @property
+    def policy(self) -> Policy:
+        if not self.batching <= self.tolerance:  # (a NaN is not within any tolerance)
+            return Policy.SINGLE
+        if not self.padding <= self.tolerance:
+            return Policy.EXACT_LENGTH
+        return Policy.BUCKETS
+
+
+@dataclass(frozen=True)
+class BucketPlan:
+    edges: tuple[int, ...]
+    max_batch_size: int
+    max_batch_tokens: int
+    policy: Policy = Policy.BUCKETS
+
+    @property
+    def max_length(self) -> int:
+        return self.edges[-1]
+
+    def capacity(self, length: int) -> int:
+        if self.policy is Policy.SINGLE:
+            return 1
+        return max(1, min(self.max_batch_size, self.max_batch_tokens // length))
+
+    def bucket_of(self, length: int) -> int:
+        """The configured edge that `length` falls under (a metric label, whatever the key)."""
+        return self.edges[bisect.bisect_left(self.edges, length)]
+
+    def key_for(self, length: int) -> BucketKey:
+        if not 1 <= length <= self.max_length:
+            raise InvalidInput(f"sequence length {length} is outside 1..{self.max_length}")
+        edge = length if self.policy is Policy.EXACT_LENGTH else self.bucket_of(length)
+        return BucketKey(self.capacity(edge), edge)
+
+    def all_keys(self) -> list[BucketKey]:
+        exact = self.policy is Policy.EXACT_LENGTH
+        lengths = range(1, self.max_length + 1) if exact else self.edges
+        return [BucketKey(self.capacity(n), n) for n in lengths]
+
+    @property
+    def default_key(self) -> BucketKey:
+        """The longest bucket at its capacity: bound first, at load, like MXNet's default key."""
+        return BucketKey(self.capacity(self.max_length), self.max_length)
+
+    def batches(self, lengths: Sequence[int]) -> Iterator[tuple[BucketKey, list[int]]]:
+        """Group sequence indices by key, in order, each group cut to the key's capacity."""
+        groups: dict[BucketKey, list[int]] = {}
+        for index, length in enumerate(lengths):
+            groups.setdefault(self.key_for(length), []).append(index)
+        for key in sorted(groups, key=lambda k: k.length):
+            members = groups[key]
+            for start in range(0, len(members), key.rows):
+                yield key, members[start : start + key.rows]

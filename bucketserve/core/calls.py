@@ -1,0 +1,107 @@
+"""The one call through which every edge reaches the core: a request as the core takes it,
+whatever protocol brought it (`Call`), and what the core gives back (`Answer`).
+
+An edge decodes its bytes into a `Call`: which model and version, the inputs, the outputs
+wanted, the client's own deadline, the request's id. `Engine.infer` does the rest. The inputs
+stay as the client sent them until the model is known, then become validated sequences:
+`Sequences` (items as sent: token id lists, or feature steps), `Texts` (tokenised by the
+model), or another `Inputs` an edge defines (KServe v2 tensors, in `bucketserve.edges.kserve`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from bucketserve.core.layout import Outputs
+from bucketserve.core.model import Model
+from bucketserve.errors import InvalidInput
+
+# A body, or a request's items, this large is decoded in a worker thread (a hop there and back
+# is ~140 us): 64 KiB of JSON numbers take milliseconds, 8 MB ~150 ms, which on the event loop
+# would hold every other request back.
+OFF_LOOP_BYTES = 64 * 1024
+# A hop costs what tokenising ~300 characters does (measured: 139 us against 0.46 us a
+# character); up to 2,000 characters (under a millisecond) the event loop tokenises itself:
+# most requests are a sentence or two.
+INLINE_TEXT_CHARS = 2000
+
+
+class Inputs(Protocol):
+    """A request's inputs as its edge decoded them, before the model is known."""
+
+    def count(self, model: Model) -> int:
+        """How many sequences, read without decoding them: a request the queue cannot take
+        is refused on this alone."""
+
+    @property
+    def heavy(self) -> bool:
+        """Whether decoding them is worth a worker thread."""
+
+    def sequences(self, model: Model) -> list[np.ndarray]:
+        """The validated sequences for `model`, in order, or InvalidInput saying what is wrong."""
+
+
+@dataclass(frozen=True)
+class Sequences:
+    """Items as sent: token id lists, or per-step feature vectors (time first)."""
+
+    items: Sequence[Any]
+    wire_bytes: int = 0  # what they took on the wire: the cost of decoding them
+
+    def count(self, model: Model) -> int:
+        return len(self.items)
+
+    @property
+    def heavy(self) -> bool:
+        return self.wire_bytes >= OFF_LOOP_BYTES
+
+    def sequences(self, model: Model) -> list[np.ndarray]:
+        return [model.validate(item, i) for i, item in enumerate(self.items)]
+
+
+@dataclass(frozen=True)
+class Texts:
+    """Texts, for a model with a tokenizer: each cut by characters, tokenised, then validated."""
+
+    texts: Sequence[str]
+
+    def count(self, model: Model) -> int:
+        return len(self.texts)
+
+    @property
+    def heavy(self) -> bool:
+        return sum(len(t) for t in self.texts) > INLINE_TEXT_CHARS
+
+    def sequences(self, model: Model) -> list[np.ndarray]:
+        # An empty text means nothing to embed or tag (a tokenizer still makes it [CLS] [SEP]):
+        # refused, as OpenAI's API and text-embeddings-inference refuse it.
+        empty = next((i for i, text in enumerate(self.texts) if not text), None)
+        if empty is not None:
+            raise InvalidInput(f"text {empty}: empty")
+        return [model.validate(seq, i) for i, seq in enumerate(model.encode(self.texts))]
+
+
+@dataclass(frozen=True)
+class Call:
+    """One request, as every edge hands it to the core."""
+
+    inputs: Inputs
+    model: str | None = None  # None: the repository's default model
+    version: str | None = None  # None: the version served
+    outputs: tuple[str, ...] | None = None  # None: every output of the model
+    timeout_ms: float | None = None  # the client's own deadline; it only shortens the server's
+    request_id: str = ""  # said in the log and in a failed batch's answer
+
+
+@dataclass(frozen=True)
+class Answer:
+    """The outputs asked for, one dict per sequence in the request's order, and each
+    sequence's length as it was run (tokens after truncation, or steps)."""
+
+    model: Model
+    outputs: list[Outputs]
+    lengths: list[int]

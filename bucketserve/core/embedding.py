@@ -1,0 +1,94 @@
+"""What a model's embedding is: which output, how its steps are pooled into one vector, whether
+the vector is L2-normalised, and the widths it may be cut to. Read from the config's
+`[embedding]` at load; applied by the routes that answer embeddings (OpenAI's) to the outputs
+the core gave back for each sequence, which are already cut to the sequence's own length: a
+mean over them is the mean over the mask.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+import numpy as np
+
+from bucketserve.errors import InvalidInput
+
+NORM_FLOOR = 1e-12  # torch's `normalize` eps: a zero vector stays zero
+
+
+class Pooling(StrEnum):
+    NONE = "none"  # the output is the embedding already (pooled in the graph)
+    MEAN = "mean"
+    CLS = "cls"  # the first step
+    LAST = "last"  # the last real step (decoder-style embedders)
+    MAX = "max"
+    MEAN_SQRT_LEN = "mean_sqrt_len"  # the sum over steps / sqrt(steps)
+
+
+@dataclass(frozen=True)
+class Embedding:
+    """One model's embedding rule. `dimensions`: the widths it may be cut to (each at most its
+    own), "any" for any width (Matryoshka training), () when it may not be cut."""
+
+    output: str
+    pooling: Pooling
+    normalize: bool
+    width: int | None  # None: the graph leaves it free
+    dimensions: tuple[int, ...] | str = ()
+
+    def check_dimensions(self, wanted: int | None) -> None:
+        """InvalidInput unless the embedding may be cut to `wanted` (None: not cut)."""
+        if wanted is None or wanted == self.width:
+            return
+        if self.dimensions == ():
+            raise InvalidInput(
+                f"this model's embeddings cannot be shortened (its config allows no "
+                f"dimensions); leave dimensions out{self._native}"
+            )
+        if self.width is not None and wanted > self.width:
+            raise InvalidInput(f"dimensions {wanted} is more than the embedding's {self.width}")
+        if self.dimensions != "any" and wanted not in self.dimensions:
+            raise InvalidInput(
+                f"dimensions {wanted}: this model may be cut to {list(self.dimensions)}"
+            )
+
+    @property
+    def _native(self) -> str:
+        return "" if self.width is None else f" or send {self.width}"
+
+    def vector(self, output: np.ndarray, dimensions: int | None = None) -> np.ndarray:
+        """One sequence's output (its own steps only) -> its embedding, float32, cut to
+        `dimensions` (already checked) and normalised again after the cut."""
+        pooled = _pooled(np.asarray(output, np.float32), self.pooling)
+        if self.normalize:
+            pooled = _normalised(pooled)
+        if dimensions is not None and dimensions != len(pooled):
+            if dimensions > len(pooled):  # (a width the graph left free, found only now)
+                raise InvalidInput(
+                    f"dimensions {dimensions} is more than the embedding's {len(pooled)}"
+                )
+            pooled = _normalised(pooled[:dimensions])
+        return pooled
+
+
+def _pooled(output: np.ndarray, pooling: Pooling) -> np.ndarray:
+    pooled: np.ndarray
+    if pooling is Pooling.NONE:
+        pooled = output
+    elif pooling is Pooling.CLS:
+        pooled = output[0]
+    elif pooling is Pooling.LAST:
+        pooled = output[-1]
+    elif pooling is Pooling.MAX:
+        pooled = output.max(axis=0)
+    else:
+        scale = len(output) if pooling is Pooling.MEAN else np.sqrt(len(output))
+        pooled = output.sum(axis=0, dtype=np.float32) / np.float32(scale)
+    return pooled
+
+
+def _normalised(vector: np.ndarray) -> np.ndarray:
+    norm = np.float32(np.linalg.norm(vector))
+    normalised: np.ndarray = vector / max(norm, np.float32(NORM_FLOOR))
+    return normalised

@@ -1,0 +1,206 @@
+"""A served model: validation at the edge, then collate -> run -> split for each batch.
+
+Built ready by `bucketserve.loading` (checked, bound, warm); the request path only reads it.
+`Model.predict(sequences)` is the Python API; the server's scheduler calls `run_batch` with
+batches it formed itself across requests. The model runs batches through a `Runner` (an ONNX
+Runtime executor, or a fake in tests) and never imports ONNX Runtime itself; a batch that runs
+alone may go to a second runner on every core (`lone`), checked at load to answer as the first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+from bucketserve.core.bucketing import BucketKey, BucketPlan, Invariance
+from bucketserve.core.embedding import Embedding
+from bucketserve.core.layout import Layout, Outputs
+from bucketserve.errors import InvalidInput
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
+
+class Runner(Protocol):
+    """What runs a model's batches: `bucketserve.runtime`'s executors, or a fake in tests."""
+
+    strategy: str
+
+    @property
+    def providers(self) -> list[str]: ...
+
+    def bound_key_count(self) -> int: ...
+
+    def batch_shape(self, key: BucketKey, lengths: Sequence[int]) -> tuple[int, int]: ...
+
+    def prepare(self, key: BucketKey) -> bool: ...
+
+    def run(
+        self, key: BucketKey, feeds: Mapping[str, np.ndarray], rows: int, length: int
+    ) -> dict[str, np.ndarray]: ...
+
+
+@dataclass(frozen=True)
+class SequenceRules:
+    """What one valid sequence is for a model: checked at the edge, before anything queues.
+
+    A sequence is sent in the model input's own axes without the batch axis (token ids [T],
+    audio samples [T], fbank frames [T, 80], an image line [3, 32, W]) and kept time first."""
+
+    dtype: np.dtype
+    max_length: int
+    vocab_size: int | None = None  # tokens: ids lie in [0, vocab_size)
+    step_shape: tuple[int, ...] = ()  # features: the sizes of one step, time first
+    time_axis: int = 0  # features: where time lies in a sequence as sent
+    min_length: int = 1  # the shortest the model runs on (a strided front end needs some)
+    reserved_ids: tuple[int, ...] = ()  # tokens: ids that may not appear inside a sequence
+
+    @property
+    def shape_as_sent(self) -> str:
+        sizes = [str(d) for d in self.step_shape]
+        sizes.insert(self.time_axis, "T")
+        return "[" + ", ".join(sizes) + "]"
+
+    def validate(self, item: Any, index: int = 0, time_first: bool = False) -> np.ndarray:
+        """One sequence as sent (`time_first`: already time first, a v2 tensor's row) -> a
+        time-first array, or InvalidInput saying what is wrong with it."""
+        where = f"sequence {index}"
+        try:
+            array = np.asarray(item)
+        except (ValueError, TypeError):
+            raise InvalidInput(f"{where}: not a rectangular array") from None
+        if array.ndim >= 1 and array.size == 0:
+            raise InvalidInput(f"{where}: empty")
+        if self.vocab_size is not None:
+            self._check_tokens(array, where, self.vocab_size)
+        else:
+            if array.ndim != 1 + len(self.step_shape) or array.dtype.kind not in "iuf":
+                raise InvalidInput(f"{where}: expected numbers of shape {self.shape_as_sent}")
+            if not time_first:
+                array = np.moveaxis(array, self.time_axis, 0)
+            if array.shape[1:] != self.step_shape:
+                sent = list(np.moveaxis(array, 0, self.time_axis).shape)
+                raise InvalidInput(
+                    f"{where}: expected numbers of shape {self.shape_as_sent}, got {sent}"
+                )
+        if len(array) > self.max_length:
+            raise InvalidInput(
+                f"{where}: length {len(array)} exceeds the longest bucket ({self.max_length})"
+            )
+        if len(array) < self.min_length:
+            raise InvalidInput(
+                f"{where}: length {len(array)} is shorter than the model takes (at least "
+                f"{self.min_length} steps)"
+            )
+        with np.errstate(over="ignore"):  # an overflow shows as infinity, refused just below
+            converted = array.astype(self.dtype, copy=False)
+        if converted.dtype.kind == "f" and not np.isfinite(converted).all():  # 1e39 -> inf
+            raise InvalidInput(
+                f"{where}: features must be finite numbers that fit {converted.dtype.name}"
+            )
+        return converted
+
+    def _check_tokens(self, array: np.ndarray, where: str, vocab_size: int) -> None:
+        if array.ndim != 1 or array.dtype.kind not in "iu":
+            raise InvalidInput(f"{where}: expected a list of integer token ids")
+        if array.min() < 0 or array.max() >= vocab_size:
+            raise InvalidInput(f"{where}: token ids must lie in [0, {vocab_size})")
+        if self.reserved_ids:
+            found = np.flatnonzero(np.isin(array, self.reserved_ids))
+            if found.size:
+                raise InvalidInput(
+                    f"{where}: id {array[found[0]]} at position {found[0]} is reserved (the "
+                    f"model reads it as padding): ids {list(self.reserved_ids)} cannot appear "
+                    "inside a sequence"
+                )
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the request path knows of a model, fixed at load."""
+
+    name: str
+    version: int
+    layout: Layout
+    plan: BucketPlan
+    rules: SequenceRules
+    max_queue_delay_s: float
+    queue_capacity: int
+    invariance: Invariance  # what batching was measured to do to the answers
+    text_chars: int | None  # texts are cut to this many characters before tokenising
+    served_config: Mapping[str, Any]  # the config route's body: the config as served
+    embedding: Embedding | None = None  # which output is its embedding, if it embeds
+
+
+class Model:
+    def __init__(
+        self,
+        info: ModelInfo,
+        executor: Runner,
+        tokenizer: Tokenizer | None = None,
+        lone: Runner | None = None,
+    ) -> None:
+        """`lone`: the runner for a batch that runs alone (as the scheduler judges it), on
+        more threads than each of the batches that share the cores; its keys mirror the
+        executor's."""
+        self.info = info
+        self.name = info.name
+        self.plan = info.plan
+        self.executor = executor
+        self.tokenizer = tokenizer
+        self.lone = lone
+
+    @property
+    def strategy(self) -> str:
+        return self.executor.strategy
+
+    def prepare(self, key: BucketKey) -> None:
+        """Bind `key` ahead of its first batch (MXNet's `prepare`) and warm it with pad rows."""
+        for runner in (self.executor, self.lone):
+            if runner is not None and runner.prepare(key):
+                rows, length = runner.batch_shape(key, [max(self.info.rules.min_length, 1)])
+                runner.run(key, self.info.layout.collate([], rows, length), rows, length)
+
+    def validate(self, item: Any, index: int = 0, time_first: bool = False) -> np.ndarray:
+        return self.info.rules.validate(item, index, time_first)
+
+    def encode(self, texts: Sequence[str]) -> list[np.ndarray]:
+        """Texts -> token id sequences, for models whose config names a tokenizer."""
+        if self.tokenizer is None:
+            raise InvalidInput(f"model {self.name} has no tokenizer: send 'sequences'")
+        chars = self.info.text_chars
+        encodings = self.tokenizer.encode_batch([t[:chars] for t in texts])
+        return [np.asarray(e.ids, dtype=self.info.rules.dtype) for e in encodings]
+
+    @property
+    def lone_takes_every_core(self) -> bool:
+        """Whether a batch that runs alone runs on more threads than the others."""
+        return self.lone is not None
+
+    def batch_shape(self, key: BucketKey, lengths: Sequence[int]) -> tuple[int, int]:
+        """(rows, length) a batch with these lengths is computed at: its cost in tokens."""
+        return self.executor.batch_shape(key, lengths)
+
+    def run_batch(
+        self, key: BucketKey, sequences: Sequence[np.ndarray], alone: bool = False
+    ) -> list[Outputs]:
+        """Collate -> run -> split for one batch of validated sequences that fit `key`;
+        `alone`: no other batch runs or waits, so it may take every core."""
+        runner = self.lone if alone and self.lone is not None else self.executor
+        lengths = [len(s) for s in sequences]
+        rows, length = runner.batch_shape(key, lengths)
+        layout = self.info.layout
+        outputs = runner.run(key, layout.collate(sequences, rows, length), rows, length)
+        return layout.split(outputs, lengths)
+
+    def predict(self, items: Sequence[Any]) -> list[Outputs]:
+        """Outputs for each item, in order: the Python API, batched by bucket."""
+        sequences = [self.validate(item, i) for i, item in enumerate(items)]
+        results: dict[int, Outputs] = {}
+        for key, indices in self.plan.batches([len(s) for s in sequences]):
+            batch = self.run_batch(key, [sequences[i] for i in indices])
+            results.update(zip(indices, batch, strict=True))
+        return [results[i] for i in range(len(sequences))]

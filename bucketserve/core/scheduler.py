@@ -1,0 +1,333 @@
+"""The scheduler, one per model: the single owner of everything between the edge and the
+executor. Admission (draining, queue capacity, deadlines), the length-bucket queues (pure, in
+`queues`), the instance pool that runs batches in worker threads, and the one idle signal.
+
+`infer` admits a request's sequences or refuses the whole request (503 when draining or full,
+504 when its deadline has passed), queues each sequence in its bucket and awaits their outputs
+until the deadline. `run` forms a batch whenever an instance is free (so batches keep gathering
+while all are busy) and runs it in a worker thread, telling the model whether it runs alone:
+no other batch running, nothing left waiting, and no more sequences than there are instances
+(a batch that took more found them queued together: load, not a lone request). Where the
+model then takes every core, such a batch holds every instance, and batches formed meanwhile
+wait for it. A failing batch runs its sequences again one by one, so that only a sequence
+that fails alone gets an error. `settled` is when no request is in
+flight, no sequence queued and no batch running. No ONNX Runtime here: the model is anything
+with `plan`, `batch_shape` and `run_batch`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Protocol
+
+import numpy as np
+
+from bucketserve.core.bucketing import BucketKey, BucketPlan
+from bucketserve.core.layout import Outputs
+from bucketserve.core.queues import BucketQueues, Pending
+from bucketserve.errors import DeadlineExceeded, InferenceFailed, Unavailable
+from bucketserve.logs import Throttled
+from bucketserve.tracing import Attributes, Tracing
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], float]
+
+
+class BatchModel(Protocol):
+    """What the scheduler needs of a model (a `bucketserve.core.model.Model`, or a fake in
+    tests)."""
+
+    name: str
+    plan: BucketPlan
+
+    @property
+    def lone_takes_every_core(self) -> bool:
+        """Whether a batch that runs alone runs on every core (then it holds every instance)."""
+
+    def batch_shape(self, key: BucketKey, lengths: Sequence[int]) -> tuple[int, int]: ...
+
+    def run_batch(
+        self, key: BucketKey, sequences: Sequence[np.ndarray], alone: bool = False
+    ) -> list[Outputs]: ...
+
+
+class Observer(Protocol):
+    """Where the scheduler reports what it did (the metrics)."""
+
+    def admitted(self, model: str, lengths: Sequence[int]) -> None: ...
+
+    def reject(self, reason: str) -> None: ...
+
+    def batch_done(
+        self,
+        model: str,
+        bucket: int,
+        lengths: Sequence[int],
+        shape: tuple[int, int],
+        queue_s: Sequence[float],
+        compute_s: float,
+    ) -> None: ...
+
+    def dropped(self, model: str, reason: str, count: int) -> None: ...
+
+    def queue_depth(self, model: str, depth: int) -> None: ...
+
+
+class Scheduler:
+    def __init__(
+        self,
+        model: BatchModel,
+        observer: Observer,
+        *,
+        max_delay_s: float,
+        capacity: int,
+        instances: int = 1,
+        clock: Clock = time.monotonic,
+        tracing: Tracing | None = None,
+        attributes: Attributes | None = None,
+    ) -> None:
+        """`capacity`: sequences that may wait at once. `instances`: batches that may run at
+        once, each in its own worker thread, on the model's one set of weights. `tracing`:
+        where each sequence's wait and each batch are traced, with `attributes` (the model's
+        name and version) on every batch."""
+        self.model = model
+        self.capacity = capacity
+        self.queues = BucketQueues(max_delay_s)
+        self.admitted = 0  # requests let in since start
+        self.answered = 0  # of those, requests whose outputs were handed back
+        self._observer = observer
+        self._clock = clock
+        self._draining = False
+        self._in_flight = 0
+        self._arrived = asyncio.Event()
+        self._settled = asyncio.Event()
+        self._settled.set()
+        self._instances = instances
+        self._free = asyncio.Semaphore(instances)
+        self._idle = list(range(instances))  # which instances are free: as many as `_free`
+        self._tracing = tracing or Tracing()
+        self._attributes = dict(attributes or {"bucketserve.model": model.name})
+        self._running: set[asyncio.Task[None]] = set()
+        self._worker = ThreadPoolExecutor(instances, thread_name_prefix=f"run-{model.name}")
+        self._failures = Throttled(log)
+
+    @property
+    def depth(self) -> int:
+        return len(self.queues)
+
+    # -- admission --------------------------------------------------------------------------
+
+    def stop_admitting(self) -> None:
+        """Draining: every request from now on is refused; what was admitted still runs."""
+        self._draining = True
+
+    def refuse_now(self, count: int) -> None:
+        """Refuse a request of `count` sequences that could not be admitted now (draining, or
+        the queue full), before the edge spends work on it (tokenising its texts)."""
+        if self._draining:
+            self._observer.reject("draining")
+            raise Unavailable("the server is draining; retry on another replica")
+        if self.depth + count > self.capacity:
+            self._observer.reject("queue_full")
+            raise Unavailable(
+                f"model {self.model.name}: queue full ({self.capacity} sequences); retry later"
+            )
+
+    def admit(
+        self, sequences: Sequence[np.ndarray], deadline: float, request_id: str = ""
+    ) -> list[asyncio.Future[Outputs]]:
+        """Let a request's validated sequences in, each into its bucket, or refuse the request
+        whole. One future per sequence, in order."""
+        name = self.model.name
+        self.refuse_now(len(sequences))
+        now = self._clock()
+        if deadline <= now:
+            self._observer.reject("deadline")
+            raise DeadlineExceeded("the deadline passed before the request was queued")
+        self._observer.admitted(name, [len(s) for s in sequences])
+        loop = asyncio.get_running_loop()
+        futures: list[asyncio.Future[Outputs]] = []
+        for seq in sequences:
+            future: asyncio.Future[Outputs] = loop.create_future()
+            pending = Pending(seq, future, now, deadline, request_id, self._tracing.queued())
+            self.queues.add(self.model.plan.key_for(len(seq)), pending)
+            futures.append(future)
+        self.admitted += 1
+        self._observer.queue_depth(name, self.depth)
+        self._arrived.set()
+        self._settled.clear()
+        return futures
+
+    async def infer(
+        self, sequences: Sequence[np.ndarray], deadline: float, request_id: str = ""
+    ) -> list[Outputs]:
+        """Admit the sequences and wait for their outputs, in order, until the deadline."""
+        futures = self.admit(sequences, deadline, request_id)
+        self._in_flight += 1
+        try:
+            # asyncio.wait, not wait_for(gather(...)): cancelling a gather under wait_for leaves
+            # a CancelledError on it that nobody retrieves, logged when a client goes away.
+            remaining = deadline - self._clock()
+            done, _ = await asyncio.wait(futures, timeout=max(remaining, 0))
+            if len(done) < len(futures):
+                raise DeadlineExceeded(f"no answer within the deadline ({remaining * 1000:.0f} ms)")
+            failures = [f.exception() for f in futures]  # every one retrieved, none logged
+            failed = [i for i, e in enumerate(failures) if e is not None]
+            if failed:
+                first = failures[failed[0]]
+                if isinstance(first, InferenceFailed) and len(futures) > 1:
+                    which = ", ".join(map(str, failed))
+                    raise InferenceFailed(f"sequence {which} of {len(futures)}: {first}")
+                assert first is not None
+                raise first
+            self.answered += 1
+            return [f.result() for f in futures]
+        finally:
+            for future in futures:  # a failed or abandoned request leaves nothing to compute
+                future.cancel()
+            self._in_flight -= 1
+            self._arrived.set()  # the loop purges what was left queued
+            self._settle_if_idle()
+
+    async def settled(self) -> None:
+        """Until no request is in flight, no sequence is queued and no batch is running."""
+        await self._settled.wait()
+
+    def _settle_if_idle(self) -> None:
+        if not self._in_flight and not len(self.queues) and not self._running:
+            self._settled.set()
+
+    # -- batches ----------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Form and run batches, forever (until cancelled)."""
+        try:
+            while True:
+                await self._free.acquire()
+                try:
+                    key, items = await self._next_batch()
+                except BaseException:
+                    self._free.release()
+                    raise
+                alone = not self._running and not len(self.queues) and len(items) <= self._instances
+                wide = alone and self.model.lone_takes_every_core
+                if wide:  # the other instances, all free, wait for it: it has their cores
+                    for _ in range(self._instances - 1):
+                        await self._free.acquire()
+                held = [self._idle.pop() for _ in range(self._instances if wide else 1)]
+                task = asyncio.create_task(self._execute(key, items, alone, held[0]))
+                self._running.add(task)
+                task.add_done_callback(functools.partial(self._finished, held))
+        finally:
+            for task in self._running:
+                task.cancel()
+            self._worker.shutdown(wait=False, cancel_futures=True)
+
+    def _finished(self, held: list[int], task: asyncio.Task[None]) -> None:
+        """A batch is done: its instances are free again."""
+        self._idle += held
+        for _ in held:
+            self._free.release()
+        self._running.discard(task)
+        self._settle_if_idle()
+
+    async def _next_batch(self) -> tuple[BucketKey, list[Pending]]:
+        while True:
+            now = self._clock()
+            self._drop(self.queues.purge(now))
+            batch = self.queues.take(now)
+            if batch is not None:
+                return batch
+            self._settle_if_idle()
+            self._arrived.clear()
+            wake = self.queues.next_ready_at()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._arrived.wait(), None if wake is None else wake - now)
+
+    def _drop(self, dropped: dict[str, list[Pending]]) -> None:
+        for reason, items in dropped.items():
+            for item in items:
+                if not item.future.done():
+                    item.future.set_exception(DeadlineExceeded("deadline passed while queued"))
+            if items:
+                self._observer.dropped(self.model.name, reason, len(items))
+
+    async def _execute(
+        self, key: BucketKey, items: list[Pending], alone: bool, instance: int = 0
+    ) -> None:
+        sequences = [item.sequence for item in items]
+        lengths = [len(s) for s in sequences]
+        self._observer.queue_depth(self.model.name, self.depth)
+        start = self._clock()
+        loop = asyncio.get_running_loop()
+        waits = [item.trace for item in items]
+        for item in items:  # (a wait ends once, where its first batch begins)
+            item.trace = None
+        rows, length = self.model.batch_shape(key, lengths)
+        traced: dict[str, str | int | float | bool] = {}
+        if self._tracing.enabled:
+            traced = {
+                **self._attributes,
+                "bucketserve.bucket": self.model.plan.bucket_of(key.length),
+                "bucketserve.sequences": len(items),
+                "bucketserve.rows": rows,
+                "bucketserve.length": length,
+                "bucketserve.padded_tokens": rows * length - sum(lengths),
+                "bucketserve.instance": instance,
+                "bucketserve.alone": alone,
+            }
+        try:
+            with self._tracing.batch(waits, traced):
+                outputs = await loop.run_in_executor(
+                    self._worker, self.model.run_batch, key, sequences, alone
+                )
+        except Exception as exc:
+            if len(items) > 1:  # the sequence that failed it may be one: each runs alone
+                log.info(
+                    "model %s: a batch of %d sequences (%s) failed (%s); each runs alone",
+                    self.model.name,
+                    len(items),
+                    key,
+                    type(exc).__name__,
+                )
+                for item in items:
+                    await self._execute(key, [item], False, instance)
+                return
+            ids = sorted({item.request_id for item in items})
+            self._failures.log(
+                logging.ERROR,
+                "batch",
+                "model %s: a sequence of %d steps (%s) failed, for request %s",
+                self.model.name,
+                lengths[0],
+                key,
+                ", ".join(ids),
+                exc_info=exc,
+            )
+            for item in items:  # (the runtime's own words stay in the log: they are no API)
+                if not item.future.done():
+                    item.future.set_exception(
+                        InferenceFailed(
+                            f"inference failed on the server; its log says why, under request "
+                            f"id {item.request_id}"
+                        )
+                    )
+        else:
+            for item, out in zip(items, outputs, strict=True):
+                if not item.future.done():
+                    item.future.set_result(out)
+            self._observer.batch_done(
+                self.model.name,
+                self.model.plan.bucket_of(key.length),  # a configured edge, whatever the key
+                lengths,
+                (rows, length),
+                [start - item.enqueued for item in items],
+                self._clock() - start,
+            )

@@ -1,0 +1,51 @@
+"""The API key that both protocols require when the server has one (`--api-key`,
+`--api-key-file`): `Authorization: Bearer KEY` over HTTP, `authorization` metadata over gRPC.
+
+Health and readiness stay open (orchestrators probe them without credentials), and /metrics
+when `--open-metrics` says so. A key is compared with `hmac.compare_digest`, against every
+key the server holds, so that how long a refusal takes says nothing of how much of a key was
+right. A key is never logged: the settings hide it, and a refusal says only that it failed.
+"""
+
+from __future__ import annotations
+
+import hmac
+import re
+from collections.abc import Sequence
+
+from bucketserve.errors import Unauthorized
+
+# HTTP paths and gRPC methods that need no key: liveness, readiness, a model's readiness.
+OPEN_PATHS = re.compile(r"/v2/health/(live|ready)|/v2/models/[^/]+(/versions/[^/]+)?/ready")
+OPEN_METHODS = frozenset({"ServerLive", "ServerReady", "ModelReady"})
+METRICS_PATH = "/metrics"
+REFUSED = "a valid API key is required: send `Authorization: Bearer <key>`"
+
+
+class ApiKeys:
+    """The keys a request may carry; none: every request is let in."""
+
+    def __init__(self, keys: Sequence[str], open_metrics: bool = False) -> None:
+        self._keys = tuple(key.encode() for key in keys)
+        self.open_metrics = open_metrics
+
+    @property
+    def required(self) -> bool:
+        return bool(self._keys)
+
+    def open_path(self, path: str) -> bool:
+        return OPEN_PATHS.fullmatch(path) is not None or (
+            self.open_metrics and path == METRICS_PATH
+        )
+
+    def check(self, authorization: str | None) -> None:
+        """Unauthorized unless `authorization` is `Bearer <one of the keys>`."""
+        if not self._keys:
+            return
+        scheme, _, token = (authorization or "").partition(" ")
+        given = token.strip().encode("latin-1", "replace")
+        # Every key compared, each in constant time: the answer's timing depends on neither
+        # which key matched nor how much of one did.
+        matches = [hmac.compare_digest(given, key) for key in self._keys]
+        if scheme.lower() != "bearer" or not any(matches):
+            raise Unauthorized(REFUSED)

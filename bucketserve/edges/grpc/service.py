@@ -1,0 +1,225 @@
+"""KServe v2 over gRPC: the methods of `GRPCInferenceService` that bucketserve serves, on the
+engine that HTTP serves.
+
+Every call is answered with a status a client can act on, whatever bytes it sent. A method
+takes its request as raw bytes and reads exactly one message itself: a call with no message,
+or two, and bytes that do not decode (truncated, not protobuf, invalid UTF-8 in a string) are
+INVALID_ARGUMENT, never UNKNOWN. `ModelInfer` decodes its message into the v2 request HTTP's
+infer makes too (`decoding`) and takes the same path through the core (`bucketserve.edges.kserve`);
+outputs go back as raw contents (as Triton sends them). A request's deadline is the soonest of
+its gRPC deadline, Triton's `timeout` parameter (microseconds; 0: none) and the server's.
+
+With an API key set, every method but liveness and readiness needs it as `authorization`
+metadata (`Bearer <key>`): UNAUTHENTICATED without it. Errors carry the codes Triton's clients
+expect and a message of at most 500 characters that
+quotes a client's strings cut short; refusals are counted (`bucketserve_rejected`) and logged
+at a bounded rate, without a traceback. A bug is logged and answered INTERNAL without its
+details. A client that cancels leaves nothing to compute. Metrics are the HTTP routes', under
+the method's path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from importlib.metadata import version
+from typing import Any
+
+import grpc
+import numpy as np
+from google.protobuf.message import DecodeError
+
+from bucketserve.core.calls import OFF_LOOP_BYTES
+from bucketserve.core.engine import Engine
+from bucketserve.core.model import Model
+from bucketserve.edges import kserve
+from bucketserve.edges.auth import OPEN_METHODS, ApiKeys
+from bucketserve.edges.grpc.decoding import decode_request
+from bucketserve.edges.grpc.messages import MESSAGE_CLASSES, METHODS, SERVICE
+from bucketserve.edges.kserve import metadata
+from bucketserve.edges.tensors import DATATYPE_OF
+from bucketserve.errors import BucketserveError, MalformedRequest, ModelNotReady, brief
+from bucketserve.logs import Throttled, request_id
+from bucketserve.metrics import Metrics
+
+log = logging.getLogger(__name__)
+throttled = Throttled(log)
+
+SERVER_NAME = "bucketserve"
+STATUS_CODES = {  # HTTP status of our error -> the gRPC code Triton answers such a request with
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    401: grpc.StatusCode.UNAUTHENTICATED,
+    403: grpc.StatusCode.FAILED_PRECONDITION,  # (model control off)
+    404: grpc.StatusCode.NOT_FOUND,
+    422: grpc.StatusCode.INVALID_ARGUMENT,
+    503: grpc.StatusCode.UNAVAILABLE,
+    504: grpc.StatusCode.DEADLINE_EXCEEDED,
+}
+REQUEST_ID = "x-request-id"  # metadata, as the HTTP header
+AUTHORIZATION = "authorization"  # metadata: `Bearer <key>`, as the HTTP header
+
+Message = Any  # the classes of `messages` are made at run time
+Context = Any  # grpc.aio.ServicerContext (grpc ships no type information)
+Method = Callable[[Message, Context], Awaitable[Message]]
+
+
+async def one_message(requests: AsyncIterator[bytes]) -> bytes:
+    """The one message of a unary call. A call that ends without one would otherwise wait
+    forever; a second one is a client that does not speak this method."""
+    messages = []
+    async for message in requests:
+        messages.append(message)
+        if len(messages) > 1:
+            break
+    if len(messages) != 1:
+        raise MalformedRequest(f"a unary call carries one message, this one {len(messages)}")
+    return messages[0]
+
+
+def parsed(kind: Any, data: bytes) -> Message:
+    try:
+        return kind.FromString(data)
+    except DecodeError:
+        raise MalformedRequest(f"the message does not decode as {kind.DESCRIPTOR.name}") from None
+
+
+class InferenceService:
+    """The methods of `GRPCInferenceService` that bucketserve serves."""
+
+    def __init__(self, engine: Engine, metrics: Metrics, keys: ApiKeys | None = None) -> None:
+        self.engine = engine
+        self.metrics = metrics
+        self.keys = keys or ApiKeys(())
+        self.messages = MESSAGE_CLASSES
+        self.last_call = 0.0  # the loop's time when the latest call came
+
+    def _ready(self) -> bool:
+        return not self.engine.draining
+
+    def _model(self, name: str, version: str) -> Model:
+        return self.engine.model(name or None, version or None)
+
+    async def ServerLive(self, request: Message, context: Context) -> Message:  # noqa: N802
+        return self.messages["ServerLiveResponse"](live=True)
+
+    async def ServerReady(self, request: Message, context: Context) -> Message:  # noqa: N802
+        return self.messages["ServerReadyResponse"](ready=self._ready())
+
+    async def ModelReady(self, request: Message, context: Context) -> Message:  # noqa: N802
+        if request.name in self.engine.failed:
+            return self.messages["ModelReadyResponse"](ready=False)
+        self._model(request.name, request.version)
+        return self.messages["ModelReadyResponse"](ready=self._ready())
+
+    async def ServerMetadata(self, request: Message, context: Context) -> Message:  # noqa: N802
+        return self.messages["ServerMetadataResponse"](
+            name=SERVER_NAME, version=version(SERVER_NAME), extensions=[]
+        )
+
+    async def ModelMetadata(self, request: Message, context: Context) -> Message:  # noqa: N802
+        model = self._model(request.name, request.version)
+        described = metadata(model, self.engine.versions.get(model.name, {}))
+        tensor = self.messages["ModelMetadataResponse.TensorMetadata"]
+        return self.messages["ModelMetadataResponse"](
+            name=described["name"],
+            versions=described["versions"],
+            platform=described["platform"],
+            inputs=[tensor(**t) for t in described["inputs"]],
+            outputs=[tensor(**t) for t in described["outputs"]],
+        )
+
+    async def RepositoryIndex(self, request: Message, context: Context) -> Message:  # noqa: N802
+        entries = self.engine.index()
+        if request.ready:
+            entries = [e for e in entries if e["state"] == "READY"]
+        index = self.messages["RepositoryIndexResponse.ModelIndex"]
+        return self.messages["RepositoryIndexResponse"](models=[index(**e) for e in entries])
+
+    async def RepositoryModelLoad(self, request: Message, context: Context) -> Message:  # noqa: N802
+        kserve.repository_parameters(request.parameters, kserve.LOAD_PARAMETERS)
+        await self.engine.load(request.model_name)
+        return self.messages["RepositoryModelLoadResponse"]()
+
+    async def RepositoryModelUnload(self, request: Message, context: Context) -> Message:  # noqa: N802
+        kserve.repository_parameters(request.parameters, kserve.UNLOAD_PARAMETERS)
+        await self.engine.unload(request.model_name)
+        return self.messages["RepositoryModelUnloadResponse"]()
+
+    async def ModelInfer(self, request: Message, context: Context) -> Message:  # noqa: N802
+        if request.ByteSize() > OFF_LOOP_BYTES:
+            decoded = await asyncio.to_thread(decode_request, request)
+        else:
+            decoded = decode_request(request)
+        remaining = context.time_remaining()
+        deadline_ms = None if remaining is None else remaining * 1000
+        metadata_id = dict(context.invocation_metadata() or ()).get(REQUEST_ID)
+        given = metadata_id if isinstance(metadata_id, str) else request.id
+        answer, tensors = await kserve.infer(self.engine, decoded, request_id(given), [deadline_ms])
+        model = answer.model
+        response = self.messages["ModelInferResponse"](
+            model_name=model.name, model_version=str(model.info.version), id=request.id
+        )
+        for name, array in tensors.items():
+            response.outputs.add(name=name, datatype=DATATYPE_OF[array.dtype], shape=array.shape)
+            little = np.ascontiguousarray(array, array.dtype.newbyteorder("<"))
+            response.raw_output_contents.append(little.tobytes())
+        return response
+
+    def _answered(self, method: str, kind: Any, handler: Method) -> Any:
+        """`handler` over the call's raw bytes: its one message decoded, its errors turned
+        into status codes, its metrics kept, its span opened (continuing a `traceparent` from the
+        metadata, when tracing is on)."""
+        route = f"/{SERVICE}/{method}"
+
+        async def call(requests: AsyncIterator[bytes], context: Context) -> Message:
+            self.last_call = asyncio.get_running_loop().time()
+            metadata = {k: v for k, v in context.invocation_metadata() or () if isinstance(v, str)}
+            with self.engine.tracing.request(route, metadata) as span:
+                return await answer(requests, context, metadata, span)
+
+        async def answer(
+            requests: AsyncIterator[bytes], context: Context, metadata: dict[str, str], span: Any
+        ) -> Message:
+            start, status = time.perf_counter(), 200
+            try:
+                if method not in OPEN_METHODS:
+                    self.keys.check(metadata.get(AUTHORIZATION))
+                return await handler(parsed(kind, await one_message(requests)), context)
+            except BucketserveError as exc:
+                status = exc.status
+                if exc.status < 500 or isinstance(exc, ModelNotReady):  # (admission counts)
+                    self.metrics.reject(exc.code)
+                if exc.code == MalformedRequest.code:  # (what the admission logs, it logs)
+                    throttled.log(logging.INFO, f"grpc-{exc.code}", "%s: %s", route, exc.message)
+                code = STATUS_CODES.get(exc.status, grpc.StatusCode.INTERNAL)
+                await context.abort(code, brief(exc.message))
+                raise  # (abort raises; this line is never reached)
+            except asyncio.CancelledError:
+                status = 499  # the client cancelled, or its deadline passed
+                raise
+            except grpc.aio.AbortError:
+                raise
+            except Exception:
+                status = 500
+                log.exception("unhandled error in %s", route)
+                await context.abort(grpc.StatusCode.INTERNAL, "internal server error")
+                raise
+            finally:
+                self.metrics.request_done(route, status, time.perf_counter() - start)
+                span.set("bucketserve.status", status)  # (as HTTP would answer it)
+
+        return call
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        """Every method as stream -> unary over raw bytes (a unary client's call is the same
+        on the wire), so that the service, not the gRPC runtime, reads and decodes the
+        message."""
+        methods = {}
+        for method, (request, response) in METHODS.items():
+            methods[method] = grpc.stream_unary_rpc_method_handler(
+                self._answered(method, self.messages[request], getattr(self, method)),
+                response_serializer=self.messages[response].SerializeToString,
+            )
+        return grpc.method_handlers_generic_handler(SERVICE, methods)

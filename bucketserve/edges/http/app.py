@@ -1,0 +1,160 @@
+"""The FastAPI application factory: wiring only. The routes live beside it (`predict`,
+`kserve_routes`, `openai_api`, `contract`), and so do the middleware (`context`, and `guard`
+when the server has an API key); errors are answered here, in the form of the route they came
+in on (`common.error_body`).
+
+`create_app(settings, engine=None, metrics=None)`: with an engine (the server process, tests),
+the app serves it; with none, the engine is loaded at startup from `settings.models`. An engine
+that is not running yet is run by the app's lifespan (tests, another ASGI server); the server
+process runs it itself, beside gRPC, and hands the app its metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import PlainTextResponse
+from starlette.exceptions import HTTPException
+
+from bucketserve.core.engine import Engine
+from bucketserve.edges.auth import ApiKeys
+from bucketserve.edges.http import contract, kserve_routes, openai_api, predict
+from bucketserve.edges.http.common import (
+    SERVER_VERSION,
+    ClientGone,
+    error_body,
+    error_response,
+    json_response,
+)
+from bucketserve.edges.http.context import RequestContext
+from bucketserve.edges.http.guard import RequireKey
+from bucketserve.errors import BucketserveError, InvalidInput, ModelNotReady
+from bucketserve.loading import load_engine
+from bucketserve.logs import Throttled
+from bucketserve.metrics import Metrics
+from bucketserve.settings import Settings
+from bucketserve.tracing import Tracing
+
+NO_TRACING = Tracing()
+
+log = logging.getLogger(__name__)
+
+CLIENT_CLOSED = 499  # nginx's code for "client closed the request"; never actually delivered
+
+
+class RoutingError(BucketserveError):
+    """The framework's own refusals (no such route, a method the route does not take)."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+
+
+def create_app(
+    settings: Settings, engine: Engine | None = None, metrics: Metrics | None = None
+) -> FastAPI:
+    metrics = metrics or Metrics()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        served = engine if engine is not None else await asyncio.to_thread(load_engine, settings)
+        if served.started:  # (run by the server process)
+            app.state.engine = served
+            yield
+            return
+        async with served.running(metrics):
+            app.state.engine = served
+            yield
+
+    app = FastAPI(
+        title="bucketserve",
+        version=SERVER_VERSION,
+        lifespan=lifespan,
+        description="Length-bucketed inference for variable-length sequence models.",
+        docs_url=None,  # (a setting: below)
+        redoc_url=None,
+    )
+    app.state.engine = None
+    app.state.metrics = metrics
+    app.include_router(predict.router)
+    app.include_router(kserve_routes.router)
+    app.include_router(openai_api.router)
+    if engine is not None:
+        versions = [str(model.info.version) for model in engine.models.values()]
+        names = [*engine.models, *engine.failed]
+        contract.describe_server(app, names, versions, engine.settings.max_sequences)
+    if settings.docs:
+        contract.serve_docs(app)
+
+    @app.get(
+        "/metrics",
+        summary="Prometheus metrics",
+        response_class=PlainTextResponse,
+        responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}},
+    )
+    async def prometheus() -> Response:
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    throttled = Throttled(log)
+
+    @app.exception_handler(BucketserveError)
+    async def on_error(request: Request, exc: BucketserveError) -> Response:
+        if exc.status < 500 or isinstance(exc, ModelNotReady):  # (admission counts its own)
+            metrics.reject(exc.code)
+        if exc.status >= 500:
+            throttled.log(
+                logging.WARNING,
+                exc.code,
+                "%s %s: %s",
+                request.method,
+                request.url.path,
+                exc.message,
+            )
+        return error_response(exc, request.url.path)
+
+    @app.exception_handler(ClientGone)
+    async def on_client_gone(request: Request, exc: ClientGone) -> Response:
+        throttled.log(logging.INFO, "client_gone", "a client left before its answer")
+        return Response(status_code=CLIENT_CLOSED)
+
+    @app.exception_handler(RequestValidationError)
+    async def on_validation(request: Request, exc: RequestValidationError) -> Response:
+        return error_response(InvalidInput(str(exc.errors())), request.url.path)
+
+    @app.exception_handler(HTTPException)
+    async def on_http(request: Request, exc: HTTPException) -> Response:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        error = RoutingError(exc.status_code, code, str(exc.detail))
+        return json_response(
+            error_body(error, request.url.path),
+            exc.status_code,
+            dict(exc.headers or {}),  # 405's Allow
+        )
+
+    @app.exception_handler(Exception)
+    async def on_bug(request: Request, exc: Exception) -> Response:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        error = BucketserveError("internal server error")
+        return json_response(error_body(error, request.url.path), 500)
+
+    keys = ApiKeys(settings.api_keys(), settings.open_metrics)
+    if keys.required:  # (inside the context: a refusal has its request id, and is counted)
+        app.add_middleware(RequireKey, keys=keys, metrics=metrics)
+        contract.document_key(app, keys.open_path)
+
+    def tracing() -> Tracing:
+        return app.state.engine.tracing if app.state.engine is not None else NO_TRACING
+
+    app.add_middleware(
+        RequestContext,
+        metrics=metrics,
+        draining=lambda: app.state.engine is not None and app.state.engine.draining,
+        tracing=tracing,
+    )
+    return app

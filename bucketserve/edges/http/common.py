@@ -1,0 +1,169 @@
+"""What every route shares: reading a bounded body of an accepted type, JSON in and out, large
+bodies decoded off the event loop, the request's own deadline header, its id, disconnects."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from importlib.metadata import version
+from typing import Any, TypeVar
+
+import numpy as np
+import orjson
+from fastapi import Request, Response
+from starlette.requests import ClientDisconnect
+
+from bucketserve.core.calls import OFF_LOOP_BYTES
+from bucketserve.core.engine import Engine
+from bucketserve.errors import (
+    BucketserveError,
+    MalformedRequest,
+    PayloadTooLarge,
+    Unavailable,
+    UnsupportedMediaType,
+    error_form,
+)
+
+T = TypeVar("T")
+
+TIMEOUT_HEADER = "x-request-timeout-ms"
+OPENAI_PREFIX = "/v1/"  # the routes of OpenAI's API
+SERVER_VERSION = version("bucketserve")  # pyproject.toml's
+JSON = "application/json"
+BINARY = "application/octet-stream"
+TIMEOUT_PARAMETER = {
+    "name": "X-Request-Timeout-Ms",
+    "in": "header",
+    "required": False,
+    "schema": {"type": "number", "exclusiveMinimum": 0},
+    "description": "the request's deadline in ms; it can only shorten the server's",
+}
+LENGTH_PARAMETER = {
+    "name": "Inference-Header-Content-Length",
+    "in": "header",
+    "required": False,
+    "schema": {"type": "integer", "minimum": 0},
+    "description": "binary tensors (a body that is not application/json): the JSON header's "
+    "length, its tensors after it; a body sent as application/json is JSON whole",
+}
+
+
+class ClientGone(Exception):
+    """The client closed the connection while its request waited; nothing is sent back."""
+
+
+def engine_of(request: Request) -> Engine:
+    engine: Engine = request.app.state.engine
+    return engine
+
+
+def request_id(request: Request) -> str:
+    """The request's id: its X-Request-Id, or the one `context` made up."""
+    return str(getattr(request.state, "request_id", ""))
+
+
+def media_type(request: Request) -> str:
+    """The body's media type, lower-case and without parameters ("" when none is given)."""
+    return request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+
+
+async def read_body(request: Request, limit: int, media_types: Sequence[str] = (JSON,)) -> bytes:
+    """The whole body, refused with 413 as soon as it passes `limit` bytes, and with 415 when
+    it says it is of a type the route does not take (a form or text/plain is what a web page
+    can make a browser send to a server on localhost). A client that leaves mid-upload is
+    `ClientGone`, not an error."""
+    media = media_type(request)
+    if media and media not in media_types:
+        raise UnsupportedMediaType(f"Content-Type {media[:64]!r}: send {' or '.join(media_types)}")
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not (declared.isascii() and declared.isdigit()):
+            raise MalformedRequest("Content-Length is not a number")
+        if int(declared) > limit:
+            raise PayloadTooLarge(f"body of {declared} bytes exceeds the limit of {limit}")
+    if request.headers.get("content-encoding", "identity") != "identity":
+        raise MalformedRequest("compressed request bodies are not supported")
+    body = bytearray()
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise PayloadTooLarge(f"body exceeds the limit of {limit} bytes")
+    except ClientDisconnect:
+        raise ClientGone from None
+    return bytes(body)
+
+
+async def off_loop(decode: Callable[..., T], raw: bytes, *args: Any) -> T:
+    """`decode(raw, *args)`: inline for a small body, in a worker thread for a large one."""
+    if len(raw) < OFF_LOOP_BYTES:
+        return decode(raw, *args)
+    return await asyncio.to_thread(decode, raw, *args)
+
+
+def parse_json(raw: bytes) -> Any:
+    if not raw:
+        raise MalformedRequest("empty body: expected a JSON object")
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise MalformedRequest(f"body is not valid JSON: {exc}") from None
+
+
+def json_response(
+    content: Any, status: int = 200, headers: dict[str, str] | None = None
+) -> Response:
+    body = orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY)
+    return Response(body, status, headers, media_type="application/json")
+
+
+def error_body(error: BucketserveError, path: str) -> dict[str, Any]:
+    """An error as the route family of `path` answers errors: OpenAI's form on its routes
+    (the one error form with `type` and `param` added, which its SDKs read), the one error
+    form everywhere else."""
+    detail: dict[str, Any] = error_form(error.code, error.message)["error"]
+    if path.startswith(OPENAI_PREFIX):
+        kind = "server_error" if error.status >= 500 else "invalid_request_error"
+        detail |= {"type": kind, "param": error.param}
+    return {"error": detail}
+
+
+def error_response(error: BucketserveError, path: str) -> Response:
+    """An error answered in the form of the route it came in on (`error_body`), with
+    Retry-After when the client should retry."""
+    headers = {"Retry-After": str(error.retry_after_s)} if isinstance(error, Unavailable) else None
+    return json_response(error_body(error, path), error.status, headers)
+
+
+def request_timeout_ms(request: Request) -> float | None:
+    raw = request.headers.get(TIMEOUT_HEADER)
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise MalformedRequest(f"X-Request-Timeout-Ms must be a number, got {raw!r}") from None
+    if not np.isfinite(value) or value <= 0:
+        raise MalformedRequest("X-Request-Timeout-Ms must be a positive number")
+    return value
+
+
+async def _disconnected(request: Request) -> None:
+    # The body has been read, so the next message the server sends is the disconnect.
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def unless_client_leaves(request: Request, work: Awaitable[T]) -> T:
+    """Await `work`, cancelling it (and what it queued) if the client goes away first."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if not task.done():
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        raise ClientGone
+    return task.result()

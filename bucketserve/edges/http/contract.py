@@ -1,0 +1,117 @@
+"""The contract, served: the OpenAPI document with the repository's real model names and the
+server's limits, and, when asked for, interactive docs at /docs whose assets the server serves
+itself (no CDN).
+
+The document is the one the schemas write; what this adds is what only the running server knows
+(which models it has, how many sequences a request may hold) and the docs page, which is a
+setting because a production server has no use for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from importlib import resources
+from typing import Any
+
+from fastapi import FastAPI, HTTPException, Response
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import HTMLResponse
+
+from bucketserve.errors import ConfigError
+
+ASSETS = ("swagger-ui-bundle.js", "swagger-ui.css")
+KEY_SCHEME = "apiKey"
+
+
+def describe_server(
+    app: FastAPI, names: Iterable[str], versions: Iterable[str], max_sequences: int
+) -> None:
+    """The document as this server takes requests: model names (the `{name}` path parameter,
+    the `model` of /predict and /v1/embeddings) and `{version}`s are the repository's, and
+    /predict takes at most `max_sequences` items."""
+    known = {"name": sorted(set(names)), "version": sorted(set(versions))}
+    models = {"type": "string", "enum": known["name"]}
+    document = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = document()
+            for item in schema["paths"].values():
+                for operation in item.values():
+                    for param in operation.get("parameters", []):
+                        values = known.get(param["name"]) if param["in"] == "path" else None
+                        if values:
+                            param["schema"] = {"type": "string", "enum": values}
+            body = schema["paths"]["/predict"]["post"]["requestBody"]["content"]
+            for form in body["application/json"]["schema"]["oneOf"]:
+                fields = form["properties"]
+                fields["model"] = {**fields["model"], "anyOf": [models, {"type": "null"}]}
+                for field in ("sequences", "text"):
+                    if field in fields:
+                        fields[field]["maxItems"] = max_sequences
+            embeddings = schema["paths"]["/v1/embeddings"]["post"]["requestBody"]["content"]
+            fields = embeddings["application/json"]["schema"]["properties"]
+            fields["model"] |= models
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def document_key(app: FastAPI, is_open: Callable[[str], bool]) -> None:
+    """With an API key, the document says so: a bearer scheme, and a 401 in the route's own
+    error form on every route that needs the key (`is_open` tells the others)."""
+    document = app.openapi
+    patched: dict[str, dict[str, Any]] = {}
+
+    def openapi() -> dict[str, Any]:
+        if not patched:
+            schema = document()
+            schemes = schema.setdefault("components", {}).setdefault("securitySchemes", {})
+            schemes[KEY_SCHEME] = {"type": "http", "scheme": "bearer"}
+            for path, item in schema["paths"].items():
+                if is_open(path):
+                    continue
+                for operation in item.values():
+                    responses = operation.setdefault("responses", {})
+                    others = [responses[s] for s in ("422", "404", "400") if s in responses]
+                    form: dict[str, Any] = others[0] if others else {}
+                    responses["401"] = {
+                        "description": "no API key, or not one of the server's",
+                        **({"content": form["content"]} if "content" in form else {}),
+                    }
+                    operation["security"] = [{KEY_SCHEME: []}]
+            patched["schema"] = schema
+        return patched["schema"]
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def serve_docs(app: FastAPI) -> None:
+    """Swagger UI at /docs, its script and style read from the `swagger-ui-bundle` package
+    (the `docs` extra) and served from here."""
+    try:
+        bundle = resources.files("swagger_ui_bundle") / "vendor"
+    except ModuleNotFoundError:
+        raise ConfigError(
+            "docs: the docs page needs the docs extra: pip install 'bucketserve[docs]'"
+        ) from None
+    folder = next(p for p in bundle.iterdir() if p.name.startswith("swagger-ui-"))
+    assets = {name: (folder / name).read_bytes() for name in ASSETS}
+    kinds = {"js": "text/javascript", "css": "text/css"}
+
+    @app.get("/docs", include_in_schema=False)
+    async def docs() -> HTMLResponse:
+        return get_swagger_ui_html(
+            openapi_url="/openapi.json",
+            title="bucketserve",
+            swagger_js_url="/docs/swagger-ui-bundle.js",
+            swagger_css_url="/docs/swagger-ui.css",
+            swagger_favicon_url="data:,",
+        )
+
+    @app.get("/docs/{asset}", include_in_schema=False)
+    async def asset(asset: str) -> Response:
+        if asset not in assets:
+            raise HTTPException(404, "no such docs asset")
+        return Response(assets[asset], media_type=kinds[asset.rsplit(".", 1)[1]])

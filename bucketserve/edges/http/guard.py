@@ -1,0 +1,34 @@
+"""The API key over HTTP, as plain ASGI middleware (`bucketserve.edges.auth` says which routes are
+open and how a key is compared): a request without a valid key is answered 401 in its route's
+error form (OpenAI's on /v1), with `WWW-Authenticate: Bearer`, before any route reads it."""
+
+from __future__ import annotations
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from bucketserve.edges.auth import ApiKeys
+from bucketserve.edges.http.common import error_body, json_response
+from bucketserve.errors import Unauthorized
+from bucketserve.metrics import Metrics
+
+
+class RequireKey:
+    def __init__(self, app: ASGIApp, keys: ApiKeys, metrics: Metrics) -> None:
+        self.app = app
+        self.keys = keys
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or self.keys.open_path(scope["path"]):
+            await self.app(scope, receive, send)
+            return
+        authorization = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
+        try:
+            self.keys.check(authorization)
+        except Unauthorized as refused:
+            self.metrics.reject(refused.code)
+            body = error_body(refused, scope["path"])
+            response = json_response(body, refused.status, {"WWW-Authenticate": "Bearer"})
+            await response(scope, receive, send)
+            return
+        await self.app(scope, receive, send)

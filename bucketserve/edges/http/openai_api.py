@@ -1,0 +1,227 @@
+"""OpenAI's embeddings API, as its SDKs (and LangChain, LlamaIndex, LiteLLM) send it:
+`POST /v1/embeddings` and `GET /v1/models`.
+
+A body becomes the core's one call (`Texts`, or `Sequences` for token ids) asking for the
+model's embedding output only; what comes back for each sequence, cut to its own length, is
+pooled and normalised by the model's embedding rule (`bucketserve.core.embedding`), then sent as
+floats or as base64 of little-endian float32 (the SDKs' default). Errors come in OpenAI's form
+(`common.error_body`), with the server's statuses.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import time
+from collections.abc import Iterator
+from typing import Annotated, Any, Literal
+
+import numpy as np
+from fastapi import APIRouter, Request, Response
+from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
+
+from bucketserve.core.calls import Call, Inputs, Sequences, Texts
+from bucketserve.core.embedding import Embedding
+from bucketserve.core.model import Model
+from bucketserve.edges.http.common import (
+    JSON,
+    TIMEOUT_PARAMETER,
+    engine_of,
+    json_response,
+    off_loop,
+    parse_json,
+    read_body,
+    request_id,
+    request_timeout_ms,
+    unless_client_leaves,
+)
+from bucketserve.edges.http.schemas import WHY, Integer, Positive, inlined
+from bucketserve.errors import BucketserveError, InvalidInput, MalformedRequest
+
+router = APIRouter(prefix="/v1", tags=["OpenAI"])
+
+STARTED = int(time.time())  # `created` of every model: when this server loaded it
+
+Ids = Annotated[list[Integer], Field(min_length=1)]
+
+
+class EmbeddingsBody(BaseModel):
+    """The request, as OpenAI documents it (strict: no number where a string goes)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    input: (
+        StrictStr
+        | Annotated[list[StrictStr], Field(min_length=1)]
+        | Ids
+        | Annotated[list[Ids], Field(min_length=1)]
+    ) = Field(description="a text, texts, one token id list, or token id lists")
+    model: StrictStr = Field(
+        min_length=1, description="a model that embeds (GET /v1/models lists them)"
+    )
+    encoding_format: Literal["float", "base64"] = Field(
+        "float", description="base64: the little-endian float32 bytes"
+    )
+    dimensions: Positive | None = Field(
+        None, description="cut to this width, for a model whose config allows it"
+    )
+    user: StrictStr | None = Field(None, description="accepted and ignored")
+
+
+class EmbeddingItem(BaseModel):
+    object: Literal["embedding"]
+    index: int
+    embedding: list[float] | str = Field(description="floats, or base64 of float32")
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingsResponse(BaseModel):
+    object: Literal["list"]
+    data: list[EmbeddingItem]
+    model: str
+    usage: Usage
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+
+
+class ModelList(BaseModel):
+    object: Literal["list"]
+    data: list[ModelCard]
+
+
+class OpenAIErrorDetail(BaseModel):
+    code: str
+    message: str
+    type: str = Field(description="invalid_request_error, or server_error")
+    param: str | None = Field(description="the field at fault, where there is one")
+
+
+class OpenAIError(BaseModel):
+    error: OpenAIErrorDetail
+
+
+def openai_errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    return {status: {"model": OpenAIError, "description": WHY[status]} for status in statuses}
+
+
+def parse_embeddings(raw: bytes) -> EmbeddingsBody:
+    """The body, every mistake of its form a 400 naming the field (`param`)."""
+    try:
+        return EmbeddingsBody.model_validate(parse_json(raw))
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = str(first["loc"][0])[:32] if first["loc"] else None
+        error = MalformedRequest(f"{field or 'body'}: {first['msg']}")
+        error.param = field
+        raise error from None
+
+
+@contextlib.contextmanager
+def blamed(param: str) -> Iterator[None]:
+    """A client's error raised inside is about the request's field `param` (unless it names
+    its own): OpenAI's `param`."""
+    try:
+        yield
+    except BucketserveError as exc:
+        if exc.status < 500 and exc.param is None:
+            exc.param = param
+        raise
+
+
+def inputs_of(given: str | list[str] | list[int] | list[list[int]], wire_bytes: int) -> Inputs:
+    """The body's `input` as the core's inputs: texts, or token id sequences."""
+    if isinstance(given, str):
+        return Texts([given])
+    if isinstance(given[0], str):
+        return Texts(given)
+    if isinstance(given[0], int):
+        return Sequences([given], wire_bytes)
+    return Sequences(given, wire_bytes)
+
+
+def embedding_of(model: Model) -> Embedding:
+    if model.info.embedding is None:
+        raise InvalidInput(
+            f"model {model.name} does not embed: its config has no [embedding]", param="model"
+        )
+    return model.info.embedding
+
+
+def encoded(vector: np.ndarray, encoding: str) -> str | np.ndarray:
+    if encoding == "base64":
+        return base64.b64encode(vector.astype("<f4").tobytes()).decode("ascii")
+    return vector
+
+
+@router.post(
+    "/embeddings",
+    response_model=EmbeddingsResponse,
+    responses=openai_errors(400, 404, 413, 415, 422, 503, 504),
+    openapi_extra={
+        "requestBody": {"required": True, "content": {JSON: {"schema": inlined(EmbeddingsBody)}}},
+        "parameters": [TIMEOUT_PARAMETER],
+    },
+    summary="Embeddings, as OpenAI's API answers them",
+)
+async def embeddings(request: Request) -> Response:
+    engine = engine_of(request)
+    raw = await read_body(request, engine.settings.max_body_bytes)
+    body = await off_loop(parse_embeddings, raw)
+    with blamed("model"):
+        rule = embedding_of(engine.model(body.model))
+    with blamed("dimensions"):
+        rule.check_dimensions(body.dimensions)
+    call = Call(
+        inputs_of(body.input, len(raw)),
+        body.model,
+        None,
+        (rule.output,),  # the embedding only: no per-token states encoded for nothing
+        request_timeout_ms(request),
+        request_id(request),
+    )
+    with blamed("input"):
+        answer = await unless_client_leaves(request, engine.infer(call))
+    vectors = [rule.vector(out[rule.output], body.dimensions) for out in answer.outputs]
+    data = [
+        {"object": "embedding", "index": i, "embedding": encoded(v, body.encoding_format)}
+        for i, v in enumerate(vectors)
+    ]
+    tokens = sum(answer.lengths)
+    return json_response(
+        {
+            "object": "list",
+            "data": data,
+            "model": answer.model.name,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        }
+    )
+
+
+def card(name: str) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": STARTED, "owned_by": "bucketserve"}
+
+
+@router.get("/models", response_model=ModelList, summary="The models that embed")
+async def models(request: Request) -> Response:
+    engine = engine_of(request)
+    names = [name for name, model in engine.models.items() if model.info.embedding is not None]
+    return json_response({"object": "list", "data": [card(name) for name in sorted(names)]})
+
+
+@router.get(
+    "/models/{name}",
+    response_model=ModelCard,
+    responses=openai_errors(404, 422, 503),
+    summary="One model that embeds",
+)
+async def model(request: Request, name: str) -> Response:
+    embedding_of(engine_of(request).model(name))
+    return json_response(card(name))

@@ -1,0 +1,116 @@
+"""`POST /predict`: the simple API. Sequences (or texts) in, one output dict per sequence out."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Request, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from bucketserve.core.calls import Call, Inputs, Sequences, Texts
+from bucketserve.edges.http.common import (
+    JSON,
+    TIMEOUT_PARAMETER,
+    engine_of,
+    json_response,
+    off_loop,
+    parse_json,
+    read_body,
+    request_id,
+    request_timeout_ms,
+    unless_client_leaves,
+)
+from bucketserve.edges.http.schemas import errors, inlined
+from bucketserve.errors import InvalidInput, MalformedRequest
+
+router = APIRouter()
+
+FIELDS = {"model", "sequences", "text", "outputs"}
+
+
+class _PredictBody(BaseModel):
+    """The documented shape of a body, in one of two forms (parsing is done by hand, for speed
+    and exact error codes; `contract` adds the server's own limits)."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: str | None = Field(None, description="may be omitted when the repository has a default")
+    outputs: list[str] | None = Field(
+        None,
+        min_length=1,
+        description="names of the outputs to return (default: all of the model's outputs)",
+    )
+
+
+class SequencesBody(_PredictBody):
+    sequences: list[Annotated[list[Any], Field(min_length=1)]] = Field(
+        min_length=1,
+        description="token id lists, or lists of per-step feature vectors (time first)",
+    )
+
+
+class TextBody(_PredictBody):
+    text: list[str] = Field(min_length=1, description="for models whose config names a tokenizer")
+
+
+PREDICT_BODY = {"oneOf": [inlined(SequencesBody), inlined(TextBody)]}  # exactly one of the two
+
+
+class PredictResponse(BaseModel):
+    model: str
+    outputs: list[dict[str, Any]] = Field(description="one per input sequence, in order")
+
+
+def parse_predict(raw: bytes) -> tuple[str | None, Inputs, tuple[str, ...] | None]:
+    """The body's model, inputs and outputs, every mistake of its form named before the core
+    takes it (what the model makes of them, the core decides)."""
+    body = parse_json(raw)
+    if not isinstance(body, dict):
+        raise MalformedRequest("body must be a JSON object")
+    unknown = set(body) - FIELDS
+    if unknown:
+        shown = sorted(str(u)[:64] for u in unknown)[:5]
+        raise InvalidInput(f"unknown field(s) {shown}; expected {sorted(FIELDS)}")
+    name = body.get("model")
+    if name is not None and not isinstance(name, str):
+        raise InvalidInput("'model' must be a string")
+    if ("sequences" in body) == ("text" in body):
+        raise InvalidInput("send exactly one of 'sequences' or 'text'")
+    field = "sequences" if "sequences" in body else "text"
+    items = body[field]
+    if not isinstance(items, list):
+        raise InvalidInput(f"'{field}' must be a list")
+    if not items:
+        raise InvalidInput(f"'{field}' is empty")
+    outputs = body.get("outputs")
+    if outputs is not None and (
+        not isinstance(outputs, list) or not outputs or not all(isinstance(n, str) for n in outputs)
+    ):
+        raise InvalidInput("'outputs' must be a non-empty list of output names")
+    wanted = None if outputs is None else tuple(outputs)
+    if field == "text":
+        if not all(isinstance(t, str) for t in items):
+            raise InvalidInput("'text' must be a list of strings")
+        return name, Texts(items), wanted
+    return name, Sequences(items, len(raw)), wanted
+
+
+@router.post(
+    "/predict",
+    response_model=PredictResponse,
+    responses=errors(400, 404, 413, 415, 422, 503, 504),
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {JSON: {"schema": PREDICT_BODY}},
+        },
+        "parameters": [TIMEOUT_PARAMETER],
+    },
+    summary="Run a model on variable-length sequences",
+)
+async def predict(request: Request) -> Response:
+    engine = engine_of(request)
+    raw = await read_body(request, engine.settings.max_body_bytes)
+    name, inputs, outputs = await off_loop(parse_predict, raw)
+    call = Call(inputs, name, None, outputs, request_timeout_ms(request), request_id(request))
+    answer = await unless_client_leaves(request, engine.infer(call))
+    return json_response({"model": answer.model.name, "outputs": answer.outputs})

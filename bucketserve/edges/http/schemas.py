@@ -1,0 +1,203 @@
+"""The HTTP contract as strict schemas: what a request body must be, and what every answer is.
+
+Pydantic at the edge: a body either validates (strict types: no fraction where an integer goes,
+though 2.0 is 2 as JSON Schema says; no string where a boolean goes; no unknown fields) or is
+refused with a 400 in the error form below. The same classes write the OpenAPI document, so the
+contract and the parser are one.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+
+from bucketserve.edges.tensors import Datatype
+from bucketserve.errors import MalformedRequest
+
+NAME = Field(min_length=1, max_length=256)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+def validate(schema: type[_Strict], body: Any, where: str) -> Any:
+    """`body` as `schema`, or MalformedRequest naming the first fields that are wrong."""
+    try:
+        return schema.model_validate(body)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p)[:32] for p in error['loc']) or where}: {error['msg']}"
+            for error in exc.errors()[:3]
+        )
+        raise MalformedRequest(f"{where}: {problems}") from None
+
+
+# -- errors ---------------------------------------------------------------------------------
+
+
+class ErrorDetail(BaseModel):
+    code: str = Field(description="stable machine-readable name, e.g. invalid_input")
+    message: str = Field(description="what is wrong, for people")
+
+
+class ErrorBody(BaseModel):
+    """Every error answer, whatever the route and status."""
+
+    error: ErrorDetail
+
+
+# -- KServe v2 ------------------------------------------------------------------------------
+
+
+def _integral(value: Any) -> Any:
+    """A JSON number with no fraction is an integer, as JSON Schema says (2.0 is 2): accepted
+    where an integer goes. Any other float is left for the strict check to refuse."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+Integer = Annotated[int, BeforeValidator(_integral)]
+Count = Annotated[int, Field(ge=0), BeforeValidator(_integral)]
+Positive = Annotated[int, Field(ge=1), BeforeValidator(_integral)]
+
+
+class TensorParameters(_Strict):
+    binary_data_size: Count | None = Field(
+        None, description="the tensor's bytes follow the JSON header, in order"
+    )
+
+
+class InputTensor(_Strict):
+    name: str = NAME
+    shape: list[Count] = Field(max_length=8)
+    datatype: Datatype
+    parameters: TensorParameters | None = None
+    data: list[Any] | None = Field(None, description="row-major values, flat or nested")
+
+
+class OutputParameters(_Strict):
+    binary_data: bool | None = Field(None, description="send this output as binary")
+
+
+class RequestedOutput(_Strict):
+    name: str = NAME
+    parameters: OutputParameters | None = None
+
+
+class RequestParameters(_Strict):
+    """Triton's request parameters (`bucketserve.edges.kserve.PARAMETERS`)."""
+
+    binary_data_output: bool | None = Field(None, description="every output as binary")
+    timeout: Count | None = Field(
+        None,
+        description="microseconds (Triton's): shortens the request's deadline; 0 (Triton's "
+        "default) sets none of its own",
+    )
+    priority: Count | None = Field(None, description="accepted and ignored")
+
+
+class InferRequest(_Strict):
+    """A KServe v2 inference request's JSON (the binary tensor extension's header)."""
+
+    id: str | None = Field(None, max_length=256)
+    inputs: list[InputTensor] = Field(min_length=1, max_length=16)
+    outputs: list[RequestedOutput] | None = Field(None, max_length=16)
+    parameters: RequestParameters | None = None
+
+
+class OutputTensor(BaseModel):
+    name: str
+    datatype: str
+    shape: list[int]
+    data: list[Any] | None = None
+    parameters: dict[str, int] | None = Field(None, description="binary_data_size, if binary")
+
+
+class InferResponse(BaseModel):
+    model_name: str
+    model_version: str
+    id: str | None = None
+    outputs: list[OutputTensor]
+
+
+class Live(BaseModel):
+    live: bool
+
+
+class Ready(BaseModel):
+    ready: bool
+
+
+class ModelReady(BaseModel):
+    name: str
+    ready: bool
+    error: str | None = Field(None, description="why the model did not load")
+
+
+class ServerMetadata(BaseModel):
+    name: str
+    version: str
+    extensions: list[str]
+    default_model: str | None = Field(None, description="the model /predict serves by default")
+
+
+class TensorMetadata(BaseModel):
+    name: str
+    datatype: str
+    shape: list[int] = Field(description="-1 on the batch and time axes")
+
+
+class ModelMetadata(BaseModel):
+    name: str
+    versions: list[str]
+    platform: str
+    inputs: list[TensorMetadata]
+    outputs: list[TensorMetadata]
+
+
+class IndexEntry(BaseModel):
+    name: str
+    state: str = Field(description="READY, or UNAVAILABLE when it did not load")
+    version: str | None = None
+    reason: str | None = None
+
+
+# -- documented answers, by status -------------------------------------------------------------
+
+WHY = {
+    400: "malformed body, header or parameter; a model that did not load when asked",
+    403: "model control is off (load and unload need --model-control)",
+    404: "no such model, version or route",
+    413: "body too large",
+    415: "a body that is not JSON (v2: or binary tensors)",
+    422: "invalid input: a value or shape the model cannot take",
+    503: "queue full, draining, or the model did not load (Retry-After says when to retry)",
+    504: "the deadline passed",
+}
+
+
+def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` for these error statuses, all in the one error form."""
+    return {status: {"model": ErrorBody, "description": WHY[status]} for status in statuses}
+
+
+def inlined(schema: type[BaseModel]) -> dict[str, Any]:
+    """`schema`'s JSON schema with its definitions written in place: a body the route reads
+    itself (binary tensors follow the JSON) is documented through `openapi_extra`, where
+    references into the model's own `$defs` would point nowhere."""
+    document = schema.model_json_schema()
+    definitions = document.pop("$defs", {})
+
+    def resolve(node: Any) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref", "")
+            if ref.startswith("#/$defs/"):
+                return resolve(definitions[ref.removeprefix("#/$defs/")])
+            return {key: resolve(value) for key, value in node.items()}
+        if isinstance(node, list):
+            return [resolve(value) for value in node]
+        return node
+
+    resolved: dict[str, Any] = resolve(document)
+    return resolved

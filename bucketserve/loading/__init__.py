@@ -1,0 +1,14 @@
+"""Load time, apart from the request path: a model repository becomes ready models in an engine.
+
+config (config.toml, validated) -> signature (the graph's tensors as declared) -> axes (which
+is the batch, which is time) -> repository (folders, versions, files: a `ModelSpec`; planner
+fits bucket edges) -> served_file (what sessions load) -> layouts (layout and rules; probe:
+what running the model says of its outputs and shortest length) -> check (what padding and
+batching do to its answers) -> pad_safe (an RNN given each row's length, checked again) ->
+report (the verdict, said) -> builder (spec -> checked, bound, warm `Model`; `load_engine`).
+"""
+
+from bucketserve.loading.builder import build_model, load_engine
+from bucketserve.loading.repository import ModelSpec, load_model_spec, load_repository
+
+__all__ = ["ModelSpec", "build_model", "load_engine", "load_model_spec", "load_repository"]

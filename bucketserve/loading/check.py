@@ -1,0 +1,201 @@
+"""The invariance check, run at load: what do padding and batching do to a model's answers?
+
+Two measurements, each over a few random batches of sequences that avoid reserved ids, each
+the worst difference from the model run on every sequence alone, unpadded. Batches run the way
+serving runs them (into bound buffers at the batch's shape, `together`), with rows of very
+different scale side by side (a quiet clip beside a loud one: a model that normalises over the
+batch moves), at short lengths and at the longest bucket's:
+
+- padding: sequences of different lengths in one batch, padded to a longer length, with a pad
+  row (what a bucket does). An unmasked pooling or an RNN without `sequence_lens` moves here.
+- batching: sequences of one length in one batch, no padding at all. A model whose rows
+  change each other (int8 dynamic quantisation takes its scale from the whole batch) moves.
+
+From the two, the serving policy (`Invariance.policy`): length buckets when neither moves,
+exact-length groups when only padding does, one sequence per run when batching does. Either
+way every answer stays within the tolerance of the model run alone.
+
+`thread_difference` asks the same of a second session on more threads (the one a batch that
+runs alone gets): its batches against the first session's runs of each sequence alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+import numpy as np
+
+from bucketserve.core.bucketing import Invariance
+from bucketserve.core.layout import Layout
+from bucketserve.core.model import SequenceRules
+from bucketserve.errors import ConfigError
+
+Run = Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]  # feeds -> every output
+# feeds of (rows, length) -> every output, as serving runs them (bound buffers of that shape)
+BatchRun = Callable[[Mapping[str, np.ndarray], int, int], dict[str, np.ndarray]]
+
+ROWS = (2, 3, 4)  # one short round of the check per entry: that many sequences of one length
+SHORT = 24  # short rounds' lengths lie within this many steps of the shortest
+SCALES = (1.0, 1e-3, 50.0, 0.05)  # row i of a features batch is scaled by SCALES[i % 4]
+
+
+def random_sequences(
+    rules: SequenceRules, lengths: Sequence[int], seed: int = 0, scaled: bool = False
+) -> list[np.ndarray]:
+    """Random valid sequences for a model, one per length (token ids avoid reserved ids);
+    `scaled`: features rows of very different magnitude (`SCALES`)."""
+    rng = np.random.default_rng(seed)
+    if rules.vocab_size is None:
+        return [
+            (rng.standard_normal((n, *rules.step_shape)) * (SCALES[i % 4] if scaled else 1)).astype(
+                rules.dtype
+            )
+            for i, n in enumerate(lengths)
+        ]
+    allowed = np.setdiff1d(np.arange(rules.vocab_size), rules.reserved_ids)
+    return [rng.choice(allowed, n).astype(rules.dtype) for n in lengths]
+
+
+def difference(together: np.ndarray, alone: np.ndarray) -> float:
+    """max |together - alone| / (1 + |alone|): absolute near zero, relative for large values
+    (np.allclose with rtol = atol). Two NaNs agree; a NaN and a number do not."""
+    a, b = alone.astype(np.float64), together.astype(np.float64)
+    if a.shape != b.shape:
+        return float("inf")
+    gap = np.abs(b - a) / (1 + np.abs(a))
+    gap[np.isnan(a) & np.isnan(b)] = 0.0
+    return float(np.nan_to_num(gap, nan=np.inf).max(initial=0.0))
+
+
+def plainly(run: Run) -> BatchRun:
+    """`run` as a BatchRun (it needs no shape)."""
+    return lambda feeds, rows, length: run(feeds)
+
+
+class _Runs:
+    """The model's runs for the check: each sequence alone (a plain run) once, remembered.
+    Batches run on `together`."""
+
+    def __init__(self, name: str, run: Run, layout: Layout, together: BatchRun) -> None:
+        self.name, self.run, self.layout, self.together = name, run, layout, together
+        self.failures: list[str] = []
+        self._alone: dict[int, tuple[np.ndarray, dict[str, np.ndarray]]] = {}
+
+    def batch(
+        self, sequences: list[np.ndarray], rows: int, length: int, run: BatchRun | None = None
+    ) -> list[dict[str, np.ndarray]]:
+        feeds = self.layout.collate(sequences, rows, length)
+        outputs = (run or self.together)(feeds, rows, length)
+        return self.layout.split(outputs, [len(s) for s in sequences])
+
+    def alone(self, sequence: np.ndarray) -> dict[str, np.ndarray]:
+        key = id(sequence)
+        if key in self._alone:
+            return self._alone[key][1]
+        try:
+            (answer,) = self.batch([sequence], 1, len(sequence), plainly(self.run))
+        except Exception as exc:  # ONNX Runtime raises its own types
+            raise ConfigError(
+                f"model {self.name}: fails on one random valid sequence of length "
+                f"{len(sequence)} ({exc}): check the config's vocab_size and input roles"
+            ) from None
+        self._alone[key] = (sequence, answer)  # the sequence kept alive: its id stays its own
+        return answer
+
+    def worst(self, sequences: list[np.ndarray], rows: int, length: int, what: str) -> float:
+        """The worst difference of `sequences` run together from each run alone."""
+        try:
+            together = self.batch(sequences, rows, length)
+        except Exception as exc:  # a batch the model cannot run is one it cannot be served
+            self.failures.append(f"{what} ({rows} x {length}) failed: {exc}")
+            return float("inf")
+        return max(
+            difference(t[name], a[name])
+            for seq, t in zip(sequences, together, strict=True)
+            for a in [self.alone(seq)]
+            for name in a
+        )
+
+
+def measure(
+    name: str,
+    run: Run,
+    together: BatchRun,
+    layout: Layout,
+    rules: SequenceRules,
+    edges: Sequence[int],
+    tolerance: float,
+    batched: bool = True,
+) -> tuple[Invariance, list[str]]:
+    """What padding and batching do to the model, and any batch it could not run at all
+    (`batched` False: a model that runs one sequence at a time, only run alone).
+
+    Each round's sequences, of one length, are run alone, together unpadded (batching), and
+    together padded to their bucket's edge or further with a pad row (padding): three short
+    rounds and one at the longest bucket. One sequence of every round then makes a padded
+    batch of mixed lengths, the shortest padded to the longest bucket. Every sequence is also
+    run alone the way serving runs it: a model that answers otherwise there cannot be served
+    (ConfigError). 21 runs in all.
+    """
+    runs = _Runs(name, run, layout, together)
+    rng = np.random.default_rng(0)
+    lo, hi = rules.min_length, rules.max_length
+    short = min(hi, lo + SHORT - 1)
+
+    def padded_to(length: int) -> int:
+        edge = edges[int(np.searchsorted(edges, length))]
+        return max(edge, min(hi, length + max(8, length // 4)))
+
+    padding = batching = 0.0
+    mixed: list[np.ndarray] = []
+    rounds = [(rows, int(rng.integers(lo, short + 1))) for rows in ROWS] + [(2, hi)]
+    for seed, (rows, length) in enumerate(rounds):
+        sequences = random_sequences(rules, [length] * rows, seed, scaled=True)
+        served = runs.worst(sequences[:1], 1, length, "a sequence alone")
+        if not served <= tolerance:
+            raise ConfigError(
+                f"model {name}: run the way the server runs it (into buffers bound at its "
+                f"shape), a sequence of {length} steps alone answers "
+                + (
+                    f"otherwise than a plain run (by {served:.3g})"
+                    if np.isfinite(served)
+                    else f"not at all ({runs.failures[-1]})"
+                )
+                + ": its declared outputs cannot hold what it computes"
+            )
+        if not batched:
+            continue
+        batching = max(batching, runs.worst(sequences, rows, length, "an unpadded batch"))
+        if padded_to(length) > length:
+            padding = max(
+                padding, runs.worst(sequences, rows + 1, padded_to(length), "a padded batch")
+            )
+        mixed.append(sequences[0] if length < hi else sequences[1])
+    if not batched:
+        return Invariance(float("inf"), float("inf"), tolerance), runs.failures
+    mixed = sorted(mixed, key=len)
+    if len(mixed[0]) < hi:
+        padding = max(padding, runs.worst(mixed, len(mixed) + 1, hi, "a padded batch"))
+    return Invariance(padding, batching, tolerance), runs.failures
+
+
+def thread_difference(
+    name: str, run: Run, other: Run, layout: Layout, rules: SequenceRules
+) -> float:
+    """The worst difference of `other` (the same graph in another session) from `run`, each
+    sequence alone: on sequences alone, in batches of one length, and in batches padded past
+    their longest with a pad row. Infinite when `other` fails on one."""
+    runs = _Runs(name, run, layout, plainly(other))
+    rng = np.random.default_rng(1)
+    lo, hi = rules.min_length, rules.max_length
+    worst = 0.0
+    for seed, rows in enumerate((1, *ROWS)):
+        length = int(rng.integers(lo, min(hi, lo + SHORT - 1) + 1))
+        sequences = random_sequences(rules, [length] * rows, seed)
+        padded = min(hi, length + 8)
+        worst = max(
+            worst,
+            runs.worst(sequences, rows, length, "a batch"),
+            runs.worst(sequences, rows + 1, padded, "a padded batch"),
+        )
+    return worst

@@ -1,0 +1,275 @@
+"""Per-model configuration: `models/<name>/config.toml`, parsed and validated at start.
+
+This is an edge of the system (a file written by people), so it is pydantic; every error names
+the file and the field. What the config says about the graph (input names, output names) is
+checked against the ONNX file by `signature`.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from itertools import pairwise
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from bucketserve.core.layout import SEQUENCE_ROLES, InputRole
+from bucketserve.errors import ConfigError
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class InputConfig(_Strict):
+    role: InputRole
+    vocab_size: int | None = Field(
+        default=None, gt=0, description="tokens: ids lie in [0, vocab_size)"
+    )
+    pad_value: float = Field(default=0, description="tokens/features: value at padded positions")
+    reserved_ids: list[int] | None = Field(
+        default=None,
+        description="tokens: ids refused inside a sequence; default: the pad id when no mask "
+        "or lengths input tells the model where padding is (then the pad id is its mask)",
+    )
+    fill: float = Field(default=0.0, description="state: the value the state is filled with")
+    batch_axis: int | None = Field(
+        default=None, ge=0, description="the batch axis; default: found from the graph and role"
+    )
+    time_axis: int | None = Field(
+        default=None, ge=0, description="the time axis; default: found from the graph and role"
+    )
+
+    @model_validator(mode="after")
+    def _tokens_need_vocab(self) -> InputConfig:
+        if self.role is not InputRole.TOKENS:
+            if self.reserved_ids is not None:
+                raise ValueError("reserved_ids are for a tokens input")
+            return self
+        if self.vocab_size is None:
+            raise ValueError("a tokens input needs vocab_size (ids are checked against it)")
+        ids = [self.pad_value, *(self.reserved_ids or [])]
+        if any(i != int(i) or not 0 <= i < self.vocab_size for i in ids):
+            raise ValueError(f"pad_value and reserved_ids must be ids in [0, {self.vocab_size})")
+        return self
+
+
+class OutputConfig(_Strict):
+    per_step: bool | None = Field(
+        default=None,
+        description="has a time axis, cut to each length; default: found from the graph",
+    )
+    batch_axis: int | None = Field(
+        default=None, ge=0, description="the batch axis; default: found from the graph"
+    )
+    time_axis: int | None = Field(
+        default=None, ge=0, description="the time axis (per-step outputs); with batch_axis"
+    )
+
+    @model_validator(mode="after")
+    def _axes_agree(self) -> OutputConfig:
+        if self.time_axis is not None and self.batch_axis is None:
+            raise ValueError("time_axis needs batch_axis too")
+        known = self.batch_axis is not None and self.per_step is not None
+        if known and self.per_step != (self.time_axis is not None):
+            raise ValueError("per_step = true needs a time_axis, per_step = false none")
+        return self
+
+
+class BatchingConfig(_Strict):
+    buckets: list[int] | Literal["auto"] = Field(
+        description="bucket edges (the lengths keys pad to), or 'auto': fitted at load to "
+        "length_sample by the planner"
+    )
+    length_sample: str | None = Field(
+        default=None, description="auto: lengths file (one per line) in the model folder"
+    )
+    bucket_count: int = Field(default=12, gt=0, description="auto: how many keys to fit")
+    max_length: int | None = Field(default=None, gt=0, description="auto: the last edge")
+    max_batch_size: int = Field(default=16, gt=0)
+    max_batch_tokens: int = Field(default=4096, gt=0, description="rows x bucket length, at most")
+    max_queue_delay_ms: float = Field(default=5.0, ge=0)
+    queue_capacity: int = Field(default=1024, gt=0, description="sequences waiting, at most")
+    prepare: Literal["default", "all"] = Field(
+        default="default", description="keys bound at load: the default key only, or all keys"
+    )
+    policy: Literal["auto", "buckets", "exact-length", "single"] = Field(
+        default="auto",
+        description="auto: chosen by the invariance check at load; or set it: buckets, "
+        "exact-length (equal lengths only, unpadded) or single (one sequence per run)",
+    )
+    tolerance: float = Field(
+        default=1e-4,
+        gt=0,
+        description="the most batching may move an answer: |batched - alone| / (1 + |alone|)",
+    )
+
+    @field_validator("buckets")
+    @classmethod
+    def _increasing(cls, edges: list[int] | str) -> list[int] | str:
+        if isinstance(edges, str):
+            return edges
+        if not edges:
+            raise ValueError("at least one bucket edge is needed")
+        if any(e <= 0 for e in edges):
+            raise ValueError("bucket edges must be positive")
+        if any(b <= a for a, b in pairwise(edges)):
+            raise ValueError("bucket edges must be strictly increasing")
+        return edges
+
+    @model_validator(mode="after")
+    def _budget_fits_longest(self) -> BatchingConfig:
+        if self.buckets == "auto" and (self.length_sample is None or self.max_length is None):
+            raise ValueError("buckets = 'auto' needs length_sample and max_length")
+        longest = self.longest
+        if self.max_batch_tokens < longest:
+            raise ValueError(
+                f"max_batch_tokens ({self.max_batch_tokens}) is smaller than the longest "
+                f"bucket ({longest}): that bucket could never hold a sequence"
+            )
+        return self
+
+    @property
+    def longest(self) -> int:
+        if isinstance(self.buckets, list):
+            return self.buckets[-1]
+        assert self.max_length is not None
+        return self.max_length
+
+    @property
+    def edges(self) -> list[int]:
+        """The resolved edges; 'auto' is replaced by fitted edges when the model is loaded."""
+        if not isinstance(self.buckets, list):
+            raise RuntimeError("bucket edges not fitted yet")
+        return self.buckets
+
+
+class TokenizerConfig(_Strict):
+    file: str = "tokenizer.json"
+    max_length: int = Field(
+        default=256, gt=0, description="texts are truncated to this many tokens"
+    )
+    max_chars: int | None = Field(
+        default=None,
+        gt=0,
+        description="texts are cut to this many characters before tokenising, so that one "
+        "request's cost is bounded; default 32 x max_length, past any text max_length allows",
+    )
+
+    @property
+    def chars(self) -> int:
+        return self.max_chars or 32 * self.max_length
+
+
+class EmbeddingConfig(_Strict):
+    """Which output is the model's embedding, for the routes that answer embeddings (OpenAI's
+    /v1/embeddings)."""
+
+    output: str = Field(description="the output that holds it")
+    pooling: Literal["none", "mean", "cls", "last", "max", "mean_sqrt_len"] = Field(
+        default="none",
+        description="none: the output is one vector per sequence already; otherwise how a "
+        "per-step output's steps (the sequence's own, never padding) become one vector",
+    )
+    normalize: bool = Field(default=False, description="L2-normalise the vector")
+    dimensions: list[int] | Literal["any"] | None = Field(
+        default=None,
+        description="the widths a request may cut it to (then normalised again), or 'any' "
+        "(Matryoshka-trained); default: it may not be cut",
+    )
+
+    @field_validator("dimensions")
+    @classmethod
+    def _positive(cls, widths: list[int] | str | None) -> list[int] | str | None:
+        if isinstance(widths, list) and (not widths or min(widths) <= 0):
+            raise ValueError("dimensions are positive widths (at least one)")
+        return widths
+
+
+class VersionPolicy(_Strict):
+    """Which version folders are served at once (Triton's version policy); one of the three."""
+
+    latest: int | None = Field(default=None, gt=0, description="the newest N")
+    all: bool | None = Field(default=None, description="every version folder")
+    specific: list[int] | None = Field(default=None, min_length=1, description="these versions")
+
+    @model_validator(mode="after")
+    def _one(self) -> VersionPolicy:
+        given = [n for n in ("latest", "all", "specific") if getattr(self, n) not in (None, False)]
+        if len(given) != 1:
+            raise ValueError("give exactly one of latest = N, all = true, specific = [...]")
+        return self
+
+
+class ModelConfig(_Strict):
+    version: int | None = Field(default=None, description="version folder; default: the newest")
+    version_policy: VersionPolicy | None = Field(
+        default=None, description="several versions at once (default: the one above)"
+    )
+    mode: Literal["bucketing", "mutable"] = "bucketing"
+    binding: Literal["shared-session", "session-per-key"] = "shared-session"
+    providers: list[str] = Field(default=["CPUExecutionProvider"], min_length=1)
+    inputs: dict[str, InputConfig] = Field(min_length=1)
+    outputs: dict[str, OutputConfig] = Field(min_length=1)
+    batching: BatchingConfig
+    tokenizer: TokenizerConfig | None = None
+    embedding: EmbeddingConfig | None = None
+    build: str | None = Field(
+        default=None, description="`bucketserve models build` recipe that makes this model's files"
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "pad_sensitive" in data:
+            raise ValueError(
+                "pad_sensitive is now measured at load; to set it yourself, write "
+                "batching.policy = 'exact-length' (for true) or 'auto'"
+            )
+        return data
+
+    @model_validator(mode="after")
+    def _roles(self) -> ModelConfig:
+        sequence = [n for n, i in self.inputs.items() if i.role in SEQUENCE_ROLES]
+        if len(sequence) != 1:
+            raise ValueError(
+                "exactly one input must have role 'tokens' or 'features'; "
+                f"found {sequence or 'none'}"
+            )
+        for role in (InputRole.MASK, InputRole.LENGTHS):
+            named = [n for n, i in self.inputs.items() if i.role is role]
+            if len(named) > 1:
+                raise ValueError(f"at most one input may have role '{role.value}'; found {named}")
+        if self.tokenizer is not None and self.inputs[sequence[0]].role is not InputRole.TOKENS:
+            raise ValueError("a tokenizer needs a 'tokens' input")
+        if self.version is not None and self.version_policy is not None:
+            raise ValueError("give version or version_policy, not both")
+        if self.embedding is not None and self.embedding.output not in self.outputs:
+            raise ValueError(
+                f"embedding.output {self.embedding.output!r} is not one of the outputs "
+                f"{sorted(self.outputs)}"
+            )
+        return self
+
+    @property
+    def sequence_input(self) -> str:
+        return next(n for n, i in self.inputs.items() if i.role in SEQUENCE_ROLES)
+
+
+def load_model_config(path: Path) -> ModelConfig:
+    """Read and validate one config.toml; any problem raises ConfigError naming file and field."""
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: file not found") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    try:
+        return ModelConfig.model_validate(raw)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or '(top level)'}: {err['msg']}"
+            for err in exc.errors()
+        )
+        raise ConfigError(f"{path}: {problems}") from None

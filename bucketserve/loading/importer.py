@@ -1,0 +1,282 @@
+"""`bucketserve models import PATH`: a folder that `optimum-cli export onnx` or
+sentence-transformers wrote (`model.onnx` or `onnx/model.onnx`, `tokenizer.json`,
+`config.json`, and for a sentence-transformers model `modules.json`, `sentence_bert_config.json`
+and `1_Pooling/config.json`) turned into a repository entry, then loaded and checked as the
+server loads it at start. It reads the local folder only; nothing is downloaded.
+
+What the folder says becomes the config: input roles from their names, the tokenizer's
+truncation from `sentence_bert_config.json` (else the model's maximum positions), bucket edges
+up to that length, and the embedding: a graph's own `sentence_embedding`, or the per-token
+states pooled as `1_Pooling` says and normalised when the module list has `Normalize`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from bucketserve.core.model import Model
+from bucketserve.errors import ConfigError
+from bucketserve.loading.builder import build_model
+from bucketserve.loading.repository import CONFIG_FILE, MODEL_FILE, load_model_spec
+
+ROLES = {"input_ids": "tokens", "attention_mask": "mask", "token_type_ids": "token_types"}
+POOLING_MODES = {  # 1_Pooling/config.json's flags -> the embedding rule's pooling
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_cls_token": "cls",
+    "pooling_mode_max_tokens": "max",
+    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len",
+    "pooling_mode_lasttoken": "last",
+}
+POOLED_OUTPUT = "sentence_embedding"  # pooled in the graph already
+STEP_OUTPUTS = ("token_embeddings", "last_hidden_state")  # what 1_Pooling pools
+# RoBERTa-style position tables start past the padding index: two of their rows are not
+# positions a text can reach.
+POSITION_OFFSET = {"roberta": 2, "xlm-roberta": 2, "camembert": 2, "mpnet": 2, "longformer": 2}
+MODULE = "sentence_transformers.models."
+SHORTEST_EDGE = 16
+
+
+@dataclass(frozen=True)
+class Export:
+    """What an export folder says, read and checked."""
+
+    onnx_path: Path
+    weights: list[Path]  # the files beside it that hold its weights (external data)
+    tokenizer_path: Path
+    inputs: dict[str, str]  # name -> role
+    outputs: list[str]
+    vocab_size: int
+    pad_id: int
+    max_length: int
+    embedding: dict[str, Any] | None
+    notes: list[str]  # what the folder left out, said to the user
+
+
+def _json(path: Path, kind: type[dict[str, Any]] | type[list[Any]] = dict) -> Any:
+    """The file's JSON (an object, or a list), or an empty one when there is no such file."""
+    try:
+        content = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return kind()
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: not valid JSON: {exc}") from None
+    if not isinstance(content, kind):
+        raise ConfigError(f"{path}: expected a JSON {'object' if kind is dict else 'list'}")
+    return content
+
+
+def _onnx_file(folder: Path) -> Path:
+    for candidate in (folder / MODEL_FILE, folder / "onnx" / MODEL_FILE):
+        if candidate.is_file():
+            return candidate
+    raise ConfigError(
+        f"{folder}: no {MODEL_FILE} (optimum writes it at the top, sentence-transformers in "
+        "onnx/): export the model to ONNX first"
+    )
+
+
+def read_export(folder: Path) -> Export:
+    """The folder's files, read into what the config will say; ConfigError naming the file
+    when something needed is missing or wrong."""
+    if not folder.is_dir():
+        raise ConfigError(f"{folder}: not a folder")
+    onnx_path = _onnx_file(folder)
+    places = (folder / "tokenizer.json", onnx_path.parent / "tokenizer.json")
+    tokenizer_path = next((p for p in places if p.is_file()), None)
+    if tokenizer_path is None:
+        raise ConfigError(f"{folder}: no tokenizer.json (a fast tokenizer's file is needed)")
+    model_config = _json(folder / "config.json")
+    graph = onnx.load(str(onnx_path), load_external_data=False)
+    initialised = {init.name for init in graph.graph.initializer}
+    names = [i.name for i in graph.graph.input if i.name not in initialised]
+    unknown = [n for n in names if n not in ROLES]
+    if unknown or "input_ids" not in names:
+        raise ConfigError(
+            f"{onnx_path}: inputs {names}: import knows {sorted(ROLES)} (input_ids needed); "
+            "write this model's config.toml by hand"
+        )
+    vocab_size = model_config.get("vocab_size")
+    if not isinstance(vocab_size, int) or vocab_size <= 0:
+        raise ConfigError(f"{folder / 'config.json'}: vocab_size: needed, a positive integer")
+    notes: list[str] = []
+    outputs = [o.name for o in graph.graph.output]
+    return Export(
+        onnx_path,
+        _external_files(graph, onnx_path.parent),
+        tokenizer_path,
+        {name: ROLES[name] for name in names},
+        outputs,
+        vocab_size,
+        int(model_config.get("pad_token_id") or 0),  # (RoBERTa's is 1)
+        _max_length(folder, model_config),
+        _embedding(folder, outputs, notes),
+        notes,
+    )
+
+
+def _max_length(folder: Path, model_config: dict[str, Any]) -> int:
+    """Texts are cut to sentence-transformers' `max_seq_length`, else to the positions the
+    model has."""
+    bert = _json(folder / "sentence_bert_config.json")
+    if isinstance(bert.get("max_seq_length"), int) and bert["max_seq_length"] > 0:
+        return int(bert["max_seq_length"])
+    positions = model_config.get("max_position_embeddings")
+    if not isinstance(positions, int) or positions <= 0:
+        raise ConfigError(
+            f"{folder}: neither sentence_bert_config.json's max_seq_length nor config.json's "
+            "max_position_embeddings says how long a text may be"
+        )
+    return positions - POSITION_OFFSET.get(str(model_config.get("model_type")), 0)
+
+
+def _embedding(folder: Path, outputs: list[str], notes: list[str]) -> dict[str, Any] | None:
+    """The embedding rule the folder prescribes, or None (with a note saying why)."""
+    modules = [m for m in _json(folder / "modules.json", list) if isinstance(m, dict)]
+    types = [str(m.get("type", "")).removeprefix(MODULE) for m in modules]
+    normalize = "Normalize" in types
+    if POOLED_OUTPUT in outputs:
+        return {"output": POOLED_OUTPUT, "pooling": "none", "normalize": normalize}
+    step_output = next((o for o in STEP_OUTPUTS if o in outputs), None)
+    pooling_path = next(
+        (m.get("path") for m in modules if str(m.get("type", "")).endswith("Pooling")), None
+    )
+    pooling_config = _json(folder / str(pooling_path or "1_Pooling") / "config.json")
+    if step_output is None or not pooling_config:
+        notes.append(
+            "no embedding: the folder has no sentence_embedding output, or no pooling config "
+            "(1_Pooling/config.json) for its per-token states; add [embedding] by hand"
+        )
+        return None
+    left = [t for t in types if t not in ("Transformer", "Pooling", "Normalize")]
+    if left:
+        notes.append(
+            f"no embedding: the module list has {left} after pooling, which the ONNX graph "
+            "does not hold"
+        )
+        return None
+    chosen = [f for f, on in pooling_config.items() if f.startswith("pooling_mode_") and on is True]
+    if len(chosen) != 1 or chosen[0] not in POOLING_MODES:
+        notes.append(
+            f"no embedding: pooling {chosen or 'none'}; one of {sorted(POOLING_MODES)} is served"
+        )
+        return None
+    return {"output": step_output, "pooling": POOLING_MODES[chosen[0]], "normalize": normalize}
+
+
+def bucket_edges(longest: int) -> list[int]:
+    """Edges from 16 up to `longest`: powers of two and the halves between them (16, 24, 32,
+    48, ...), each bucket at most 1.5 times the one before, so that padding stays under a
+    third of a batch's tokens."""
+    edges = {SHORTEST_EDGE}
+    power = SHORTEST_EDGE
+    while power < longest:
+        edges |= {power, power * 3 // 2, power * 2}
+        power *= 2
+    return [*sorted(e for e in edges if e < longest), longest]
+
+
+def config_text(export: Export, source: Path) -> str:
+    """The entry's config.toml."""
+    edges = bucket_edges(export.max_length)
+    lines = [
+        f"# Imported by `bucketserve models import` from the export folder {source.name}.",
+        "",
+    ]
+    for name, role in export.inputs.items():
+        lines += [f"[inputs.{name}]", f'role = "{role}"']
+        if role == "tokens":
+            lines += [f"vocab_size = {export.vocab_size}", f"pad_value = {export.pad_id}"]
+        lines.append("")
+    for name in export.outputs:
+        lines += [f"[outputs.{name}]", ""]
+    if export.embedding is not None:
+        rule = export.embedding
+        lines += [
+            "[embedding]",
+            f'output = "{rule["output"]}"',
+            f'pooling = "{rule["pooling"]}"',
+            f"normalize = {str(rule['normalize']).lower()}",
+            "",
+        ]
+    lines += [
+        "[batching]",
+        f"buckets = {edges}",
+        "max_batch_size = 16",
+        f"max_batch_tokens = {max(4096, edges[-1])}",
+        "max_queue_delay_ms = 0",
+        "",
+        "[tokenizer]",
+        'file = "tokenizer.json"',
+        f"max_length = {export.max_length}",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _external_files(graph: onnx.ModelProto, folder: Path) -> list[Path]:
+    """The files an ONNX graph keeps its weights in beside it (external data)."""
+    locations = set()
+    for init in graph.graph.initializer:
+        if init.data_location == onnx.TensorProto.EXTERNAL:
+            locations |= {e.value for e in init.external_data if e.key == "location"}
+    return [folder / location for location in sorted(locations)]
+
+
+def entry_name(folder: Path) -> str:
+    """A repository name from the folder's: lower case, [a-z0-9._-] only."""
+    name = re.sub(r"[^a-z0-9._-]+", "-", folder.resolve().name.lower()).strip("-.")
+    if not name:
+        raise ConfigError(f"{folder}: no name can be made of it; give one with --name")
+    return name
+
+
+@dataclass(frozen=True)
+class Imported:
+    entry: Path
+    config: str
+    model: Model
+    notes: list[str]
+
+
+def import_model(folder: Path, models: Path, name: str | None = None) -> Imported:
+    """Write the entry `models/<name>` (config.toml, 1/model.onnx with its weights, 1/
+    tokenizer.json) and load it as the server would at start. When it does not load, nothing
+    is left behind and ConfigError says why."""
+    export = read_export(folder)
+    name = name or entry_name(folder)
+    entry = models / name
+    if entry.exists():
+        raise ConfigError(f"{entry}: already in the repository; choose another --name")
+    config = config_text(export, folder)
+    models.mkdir(parents=True, exist_ok=True)
+    # Written aside, under a name the server skips (no config.toml yet), then moved in whole.
+    staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=models))
+    try:
+        version = staging / "1"
+        version.mkdir()
+        shutil.copyfile(export.onnx_path, version / MODEL_FILE)
+        for weights in export.weights:
+            target = version / weights.relative_to(export.onnx_path.parent)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(weights, target)
+        shutil.copyfile(export.tokenizer_path, version / "tokenizer.json")
+        (staging / CONFIG_FILE).write_text(config, encoding="utf-8")
+        staging.rename(entry)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    try:
+        spec = load_model_spec(entry)
+        assert spec is not None  # (it has a version folder)
+        model = build_model(spec)
+    except BaseException:
+        shutil.rmtree(entry, ignore_errors=True)
+        raise
+    return Imported(entry, config, model, export.notes)

@@ -1,0 +1,118 @@
+"""From a spec, what the request path will read: the layout of every tensor (roles, dtypes,
+batch and time axes, each output's steps; what the dim names leave open found by running the
+model, `probe`), the rules one valid sequence follows (vocabulary, reserved ids, the shape of
+a step, the shortest length), and the embedding rule, checked against the layout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass
+
+from bucketserve.core.embedding import Embedding, Pooling
+from bucketserve.core.layout import Input, InputRole, Layout, Tensor
+from bucketserve.core.model import SequenceRules
+from bucketserve.errors import ConfigError
+from bucketserve.loading.axes import Axes
+from bucketserve.loading.check import Run
+from bucketserve.loading.probe import probe
+from bucketserve.loading.repository import ModelSpec
+from bucketserve.loading.signature import GraphTensor
+from bucketserve.runtime.sessions import GraphFile, run_all, side_session
+
+
+def _tensor(graph: GraphTensor, axes: Axes) -> Tensor:
+    fixed = tuple(None if i in axes.free() else d for i, d in enumerate(graph.dims))
+    return Tensor(graph.name, graph.dtype, fixed, axes.batch, axes.time)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class Served:
+    """What the request path reads of a model, from its graph and from running it."""
+
+    layout: Layout
+    rules: SequenceRules
+    single: str | None  # why it must run one sequence at a time, if it must (`probe`)
+
+
+def layout_of(spec: ModelSpec, run: Run) -> Served:
+    """The request path's view of the graph's tensors (roles, dtypes, batch and time axes,
+    each output's steps) and the rules a sequence follows, from the graph and from running the
+    model (`run`, a plain run of every output)."""
+    sig, axes, config = spec.signature, spec.axes, spec.config
+    inputs = tuple(
+        Input(
+            _tensor(sig.inputs[name], axes.inputs[name]),
+            cfg.role,
+            cfg.fill if cfg.role is InputRole.STATE else cfg.pad_value,
+        )
+        for name, cfg in config.inputs.items()
+    )
+    rules = sequence_rules(spec)
+    found = probe(spec, run, Layout(inputs, ()), rules)
+    layout = Layout(inputs, tuple(found.outputs[name] for name in config.outputs))
+    return Served(layout, dataclasses.replace(rules, min_length=found.min_length), found.single)
+
+
+def layout_alone(spec: ModelSpec) -> Served:
+    """`layout_of`, running the model on a session of its own (benchmarks, tests)."""
+    session = side_session(GraphFile(spec.onnx_path, tuple(spec.config.providers)))
+    return layout_of(spec, functools.partial(run_all, session))
+
+
+def sequence_rules(spec: ModelSpec) -> SequenceRules:
+    """What a valid sequence is for this model, checked at the edge."""
+    config = spec.config
+    name = config.sequence_input
+    cfg, tensor = config.inputs[name], spec.signature.inputs[name]
+    axes = spec.axes.inputs[name]
+    if cfg.role is InputRole.FEATURES:
+        step = tuple(int(d) for i, d in enumerate(tensor.dims) if i not in axes.free())  # type: ignore[arg-type]
+        row = _tensor(tensor, axes)
+        return SequenceRules(
+            tensor.dtype, config.batching.longest, step_shape=step, time_axis=row.row_time_axis
+        )
+    return SequenceRules(
+        tensor.dtype,
+        config.batching.longest,
+        vocab_size=cfg.vocab_size,
+        reserved_ids=tuple(reserved_ids(spec)),
+    )
+
+
+def reserved_ids(spec: ModelSpec) -> list[int]:
+    """Token ids refused inside a sequence: the config's, or by default the pad id when no mask
+    or lengths input tells the model where padding is (then the pad id is how it knows)."""
+    cfg = spec.config.inputs[spec.config.sequence_input]
+    if cfg.reserved_ids is not None:
+        return sorted(set(cfg.reserved_ids))
+    told = {InputRole.MASK, InputRole.LENGTHS} & {i.role for i in spec.config.inputs.values()}
+    return [] if told else [int(cfg.pad_value)]
+
+
+def embedding_of(spec: ModelSpec, layout: Layout) -> Embedding | None:
+    """The config's `[embedding]`, checked against the output it names: one vector per
+    sequence for pooling "none", one vector per step for the others."""
+    config = spec.config.embedding
+    if config is None:
+        return None
+    tensor = layout.output(config.output)
+    row = [d for i, d in enumerate(tensor.dims) if i not in (tensor.batch_axis, tensor.time_axis)]
+    pooling = Pooling(config.pooling)
+    wanted = "one vector per sequence" if pooling is Pooling.NONE else "one vector per step"
+    if len(row) != 1 or tensor.per_step == (pooling is Pooling.NONE):
+        shape = ["T" if i == tensor.time_axis else d for i, d in enumerate(tensor.dims)]
+        raise ConfigError(
+            f"model {spec.name}: embedding: pooling {pooling.value!r} needs {wanted}, but "
+            f"output {tensor.name} is {shape} per batch"
+        )
+    width = row[0]
+    widths = config.dimensions
+    if isinstance(widths, list) and width is not None and max(widths) > width:
+        raise ConfigError(
+            f"model {spec.name}: embedding.dimensions: {max(widths)} is wider than the "
+            f"embedding ({width})"
+        )
+    dimensions = tuple(sorted(set(widths))) if isinstance(widths, list) else widths or ()
+    return Embedding(config.output, pooling, config.normalize, width, dimensions)

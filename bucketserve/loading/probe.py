@@ -1,0 +1,273 @@
+"""What running the model tells about it at load, where its graph does not say.
+
+- The shortest input it runs on: a strided front end needs some samples before it gives a
+  frame (a sequence shorter than that is refused at the edge, naming the length).
+- Each output's batch and time axes, where the dim names leave them open: run one sequence at
+  lengths from the shortest to the longest bucket, the dim that grows with the length is time;
+  run two and three sequences, the dim that counts them is the batch.
+- How each output's time axis follows the input's (`Steps`, floor((T + a) / s)): found by
+  searching for the lengths where it grows, then checked at every bucket edge, the shortest
+  and longest lengths and random ones between. An output whose length follows no such rule
+  refuses to load: the server must know every output shape it will bind.
+- Whether rows stay apart: a model whose batch is fixed at 1, or whose outputs do not count
+  the rows of a batch (an output declared [1, ...] that merges them, one flattened over batch
+  and time), is served one sequence a run, and says why.
+
+Outputs whose free dims carry the sequence input's names need none of this: their time axis is
+the input's, step for step.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from bucketserve.core.layout import SAME_STEPS, Layout, Steps, Tensor
+from bucketserve.core.model import SequenceRules
+from bucketserve.errors import ConfigError
+from bucketserve.loading.axes import Axes, check_per_step
+from bucketserve.loading.check import Run, random_sequences
+from bucketserve.loading.repository import ModelSpec
+
+Shapes = dict[str, tuple[int, ...]]
+VERIFIED_RANDOM = 8  # random lengths a step rule is checked at, besides the bucket edges
+
+
+@dataclass(frozen=True)
+class Probed:
+    min_length: int
+    outputs: dict[str, Tensor]  # every output, axes and steps settled
+    single: str | None  # why the model runs one sequence at a time, if it must
+
+
+class _Failed(Exception):
+    pass
+
+
+class _Shapes:
+    """Output shapes of the model run on random sequences, each shape run once."""
+
+    def __init__(self, run: Run, inputs: Layout, rules: SequenceRules, names: list[str]) -> None:
+        self.run, self.inputs, self.rules, self.names = run, inputs, rules, names
+        self._seen: dict[tuple[int, int], Shapes | str] = {}
+
+    def at(self, rows: int, length: int) -> Shapes:
+        """The outputs' shapes for `rows` sequences of `length`; _Failed when the model fails
+        on them or gives an empty output."""
+        key = (rows, length)
+        if key not in self._seen:
+            sequences = random_sequences(self.rules, [length] * rows, seed=length)
+            try:
+                outputs = self.run(self.inputs.collate(sequences, rows, length))
+                shapes = {name: tuple(outputs[name].shape) for name in self.names}
+                empty = [f"output {n} is empty {list(s)}" for n, s in shapes.items() if 0 in s]
+                self._seen[key] = empty[0] if empty else shapes
+            except Exception as exc:  # ONNX Runtime raises its own types
+                self._seen[key] = str(exc).strip().splitlines()[-1][:300]
+        seen = self._seen[key]
+        if isinstance(seen, str):
+            raise _Failed(seen)
+        return seen
+
+    def ok(self, rows: int, length: int) -> bool:
+        try:
+            self.at(rows, length)
+        except _Failed:
+            return False
+        return True
+
+    @property
+    def lengths_alone(self) -> list[int]:
+        """The lengths run so far with one sequence, which ran."""
+        return sorted(n for (r, n), s in self._seen.items() if r == 1 and not isinstance(s, str))
+
+
+def _first_above(size: Callable[[int], int], value: int, lo: int, hi: int) -> int | None:
+    """The least length in (lo, hi] where the non-decreasing `size` exceeds `value`."""
+    if size(hi) <= value:
+        return None
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if size(mid) > value:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def fit_steps(size: Callable[[int], int], shortest: int, longest: int) -> Steps | None:
+    """The rule floor((T + a) / s) that `size` (an output's steps for T input steps) follows
+    from `shortest` to `longest`, found from where it grows; None when it grows by more
+    than one step at once (no such rule)."""
+    first = size(shortest)
+    grows = _first_above(size, first, shortest, longest)
+    if grows is None:  # constant over every length served
+        stride = longest + 1
+        return Steps(stride, first * stride - shortest)
+    if size(grows) - size(grows - 1) != 1:
+        return None
+    again = _first_above(size, size(grows), grows, longest)
+    stride = again - grows if again is not None else max(longest - grows + 1, grows - shortest)
+    return Steps(stride, size(grows) * stride - grows)
+
+
+def verification_lengths(shortest: int, longest: int, edges: list[int]) -> list[int]:
+    """Where a step rule is checked: every bucket edge, the ends, and random lengths."""
+    rng = np.random.default_rng(longest)
+    spread = rng.integers(shortest, longest + 1, VERIFIED_RANDOM).tolist()
+    return sorted({shortest, longest, *(e for e in edges if e >= shortest), *spread})
+
+
+def probe(spec: ModelSpec, run: Run, inputs: Layout, rules: SequenceRules) -> Probed:
+    """The shortest length, every output's axes and steps, and whether rows stay apart."""
+    fail = functools.partial(ConfigError.at, spec.onnx_path)
+    names = list(spec.config.outputs)
+    longest, edges = spec.config.batching.longest, spec.config.batching.edges
+    shapes = _Shapes(run, inputs, rules, names)
+    shortest = _shortest(shapes, longest, fail)
+    lengths = sorted({shortest, (shortest + longest) // 2, longest})
+    open_axes = any(spec.axes.outputs[name] is None for name in names)
+    alone = {n: shapes.at(1, n) for n in lengths} if open_axes else {}
+    single = "its batch is fixed at 1" if spec.axes.batch_fixed else None
+    found: dict[str, tuple[int | None, int | None, tuple[int | None, ...]]] = {}
+    for name in names:
+        given = spec.axes.outputs[name]
+        if given is not None:
+            dims = spec.signature.outputs[name].dims
+            fixed = tuple(
+                d if isinstance(d, int) and i not in given.free() else None
+                for i, d in enumerate(dims)
+            )
+            found[name] = (given.batch, given.time, fixed)
+            continue
+        time = _time_axis(name, alone, fail)
+        batch: int | None = None
+        if single is None:
+            batch, single = _batch_axis(name, shapes, lengths, time)
+        if batch is None:  # one sequence a run: a leading dim of 1 is its batch, if any
+            first = [s[name] for s in alone.values()]
+            lead = time != 0 and len(first[0]) > 1 and all(s[0] == 1 for s in first)
+            batch = 0 if lead else None
+        size = alone[shortest][name]
+        check_per_step(name, spec.config.outputs[name].per_step, Axes(0, time), size, fail)
+        fixed = tuple(None if i in (batch, time) else size[i] for i in range(len(size)))
+        found[name] = (batch, time, fixed)
+    outputs = {}
+    for name, (batch, time, fixed) in found.items():
+        steps = SAME_STEPS
+        if time is not None and name not in spec.axes.by_name:
+            steps = _steps(name, shapes, time, shortest, longest, edges, fail)
+        dtype = spec.signature.outputs[name].dtype
+        outputs[name] = Tensor(name, dtype, fixed, batch, time, steps)
+    return Probed(shortest, outputs, single)
+
+
+def _shortest(shapes: _Shapes, longest: int, fail: Callable[[str, str], ConfigError]) -> int:
+    """The shortest length the model runs on, alone, with no output empty (binary search:
+    a front end that needs n steps needs them at every length past n too)."""
+    if shapes.ok(1, 1):
+        return 1
+    hi = 2
+    while hi < longest and not shapes.ok(1, hi):
+        hi *= 2
+    hi = min(hi, longest)
+    try:
+        shapes.at(1, hi)
+    except _Failed as exc:
+        raise fail(
+            "batching.buckets",
+            f"the model runs on no length up to the longest bucket ({longest} steps): at "
+            f"{hi} steps, {exc}; check the input roles (and vocab_size)",
+        ) from None
+    lo = hi // 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if shapes.ok(1, mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def _time_axis(
+    name: str, alone: dict[int, Shapes], fail: Callable[[str, str], ConfigError]
+) -> int | None:
+    """The one dim of output `name` that follows the length (run alone at several), if any."""
+    sizes = [s[name] for s in alone.values()]
+    if len({len(s) for s in sizes}) > 1:
+        raise fail(f"outputs.{name}", f"its rank changes with the length: {sizes}")
+    varying = [i for i in range(len(sizes[0])) if len({s[i] for s in sizes}) > 1]
+    if len(varying) > 1:
+        shown = ", ".join(f"{list(s)} at {n} steps" for n, s in zip(alone, sizes, strict=True))
+        raise fail(
+            f"outputs.{name}",
+            f"its shape is {shown}: more than one dim follows the length; bucketserve serves "
+            "outputs with one batch axis, at most one time axis, and fixed sizes otherwise",
+        )
+    return varying[0] if varying else None
+
+
+def _batch_axis(
+    name: str, shapes: _Shapes, lengths: list[int], time: int | None
+) -> tuple[int | None, str | None]:
+    """The dim of output `name` that counts the rows of a batch, or why there is none (then
+    the model runs one sequence at a time)."""
+    points = [(2, lengths[0]), (3, lengths[-1])]
+    try:
+        batched = [(rows, n, shapes.at(rows, n)[name], shapes.at(1, n)[name]) for rows, n in points]
+    except _Failed as exc:
+        return None, f"a batch of {points[0][0]} fails ({exc})"
+    rank = len(batched[0][3])
+    candidates = [
+        i
+        for i in range(rank)
+        if i != time
+        and all(
+            len(shape) == rank
+            and shape[i] == rows
+            and one[i] == 1
+            and all(shape[j] == one[j] for j in range(rank) if j != i)
+            for rows, _, shape, one in batched
+        )
+    ]
+    if len(candidates) == 1:
+        return candidates[0], None
+    rows, n, shape, one = batched[0]
+    return None, (
+        f"output {name} does not count the rows of a batch ({list(one)} for one sequence of "
+        f"{n} steps, {list(shape)} for {rows})"
+    )
+
+
+def _steps(
+    name: str,
+    shapes: _Shapes,
+    axis: int,
+    shortest: int,
+    longest: int,
+    edges: list[int],
+    fail: Callable[[str, str], ConfigError],
+) -> Steps:
+    """How output `name`'s time axis follows the input's, checked at every length of
+    `verification_lengths` and every length run so far."""
+
+    def size(length: int) -> int:
+        return shapes.at(1, length)[name][axis]
+
+    try:
+        steps = fit_steps(size, shortest, longest)
+        checked = sorted({*verification_lengths(shortest, longest, edges), *shapes.lengths_alone})
+        wrong = [n for n in checked if steps is None or steps.of(n) != size(n)]
+    except _Failed as exc:
+        raise fail(f"outputs.{name}", f"running the model alone to measure it: {exc}") from None
+    if steps is None or wrong:
+        shown = ", ".join(f"{size(n)} steps for {n}" for n in checked[:6])
+        raise fail(
+            f"outputs.{name}",
+            f"its time axis follows the input's by no rule floor((T + a) / s) ({shown}...): "
+            "the server could not know the shape it will bind",
+        )
+    return steps

@@ -1,0 +1,124 @@
+"""What an ONNX graph declares: its inputs and outputs as written, and where its weights live.
+
+Read once at load from the graph alone (weights are not loaded), and checked against the
+config's names. Which axis is the batch and which is time is `axes`'s question.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from bucketserve.errors import ConfigError
+from bucketserve.loading.config import ModelConfig
+
+Dim = int | str | None  # a fixed size, a free dim's name, or None: a free dim without a name
+LARGE_TENSOR = 1024  # bytes: weights at least this large are worth sharing between sessions
+
+
+@dataclass(frozen=True)
+class GraphTensor:
+    name: str
+    dtype: np.dtype
+    dims: tuple[Dim, ...]
+
+
+@dataclass(frozen=True)
+class Signature:
+    """The graph's inputs and outputs as declared, and where its weights are kept."""
+
+    inputs: dict[str, GraphTensor]
+    outputs: dict[str, GraphTensor]
+    external_files: tuple[Path, ...]
+    inline_weight_bytes: int  # large weights kept inside model.onnx (initializers, constants)
+
+
+def _tensor(value: onnx.ValueInfoProto) -> GraphTensor:
+    ttype = value.type.tensor_type
+    dims: list[Dim] = []
+    for d in ttype.shape.dim:
+        if d.HasField("dim_value"):
+            dims.append(int(d.dim_value))
+        else:
+            dims.append(d.dim_param or None)
+    return GraphTensor(
+        value.name, np.dtype(helper.tensor_dtype_to_np_dtype(ttype.elem_type)), tuple(dims)
+    )
+
+
+def tensor_bytes(tensor: onnx.TensorProto) -> int:
+    """The size of a tensor's data, whichever field holds it."""
+    itemsize = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
+    return int(np.prod(tensor.dims, dtype=np.int64)) * itemsize
+
+
+def inline_weights(graph: onnx.GraphProto) -> list[onnx.TensorProto]:
+    """Large tensors kept inside the graph: initializers without external data, and the
+    values of Constant nodes (some exporters keep weights there)."""
+    found = [
+        t
+        for t in graph.initializer
+        if t.data_location != onnx.TensorProto.EXTERNAL and tensor_bytes(t) >= LARGE_TENSOR
+    ]
+    for node in graph.node:
+        if node.op_type == "Constant":
+            found += [
+                a.t
+                for a in node.attribute
+                if a.name == "value" and tensor_bytes(a.t) >= LARGE_TENSOR
+            ]
+    return found
+
+
+def read_signature(onnx_path: Path, config: ModelConfig) -> Signature:
+    """Read the graph's signature and check its names agree with `config`; errors name the
+    file, the field and the fix."""
+    try:
+        proto = onnx.load(str(onnx_path), load_external_data=False)
+    except FileNotFoundError:
+        raise ConfigError(f"{onnx_path}: file not found") from None
+    except Exception as exc:  # onnx raises several types for a corrupt file
+        raise ConfigError(f"{onnx_path}: not a readable ONNX model: {exc}") from None
+    graph = proto.graph
+    initializers = {t.name for t in graph.initializer}
+    inputs = {v.name: _tensor(v) for v in graph.input if v.name not in initializers}
+    outputs = {v.name: _tensor(v) for v in graph.output}
+    fail = functools.partial(ConfigError.at, onnx_path)
+
+    for name in config.inputs:
+        if name not in inputs:
+            raise fail(
+                f"inputs.{name}",
+                f"the graph has no such input (it has {sorted(inputs)}): rename the section",
+            )
+    for name in inputs:
+        if name not in config.inputs:
+            raise fail(
+                "inputs", f"graph input '{name}' has no role in config.toml: add [inputs.{name}]"
+            )
+    for name in config.outputs:
+        if name not in outputs:
+            raise fail(
+                f"outputs.{name}",
+                f"the graph has no such output (it has {sorted(outputs)}): rename the section",
+            )
+
+    files = sorted(
+        {
+            onnx_path.parent / entry.value
+            for t in graph.initializer
+            if t.data_location == onnx.TensorProto.EXTERNAL
+            for entry in t.external_data
+            if entry.key == "location"
+        }
+    )
+    for f in files:
+        if not f.is_file():
+            raise fail("external data", f"weights file {f.name} is missing: copy it beside it")
+    inline = sum(tensor_bytes(t) for t in inline_weights(graph))
+    return Signature(inputs, outputs, tuple(files), inline)

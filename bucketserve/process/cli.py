@@ -1,0 +1,252 @@
+"""The `bucketserve` command: `serve` the model repository, `plan` bucket edges, `probe` a running
+server's health (container health checks), `models build` the bundled models, `models import`
+a Hugging Face export folder."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from bucketserve.errors import ConfigError
+from bucketserve.settings import Settings, env_name, parse_value
+
+log = logging.getLogger("bucketserve.process.cli")
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from bucketserve.process import server
+
+    overrides = {f.name: getattr(args, f.name) for f in fields(Settings)}
+    return server.run(Settings.from_env(**overrides))
+
+
+# The KServe v2 health routes (bucketserve/edges/http/kserve_routes.py); container probes use them.
+PROBE_PATHS = {"ready": "/v2/health/ready", "live": "/v2/health/live"}
+
+
+def _probe(args: argparse.Namespace) -> int:
+    """Exit 0 when the local server answers its health route with 200, else 1: a health check
+    that needs no curl in the image."""
+    import urllib.request
+
+    port = args.port or Settings.from_env().port
+    url = f"http://127.0.0.1:{port}{PROBE_PATHS[args.what]}"
+    try:
+        with urllib.request.urlopen(url, timeout=args.timeout) as response:
+            status = response.status
+    except OSError as exc:  # refused, timed out, or an HTTP error status such as 503
+        print(f"{url}: {exc}", file=sys.stderr)
+        return 1
+    return 0 if status == 200 else 1
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from bucketserve.loading.planner import (
+        padding_waste,
+        plan_edges,
+        power_of_two_edges,
+        read_lengths,
+    )
+
+    if args.lengths is not None:
+        lengths = read_lengths(args.lengths)
+    else:
+        lengths = lengths_from_metrics(args.metrics_url, args.model)
+    top = args.max_length or max(lengths)
+    sample = sorted(lengths)
+    print(
+        f"sample: {len(sample)} lengths, median {sample[len(sample) // 2]}, "
+        f"p99 {sample[int(len(sample) * 0.99)]}, longest {sample[-1]}"
+    )
+    pow2 = power_of_two_edges(top)
+    keys = args.keys or len(pow2)
+    plan = plan_edges(lengths, keys, top)
+    print(f"proposed ({len(plan.edges)} keys): buckets = {list(plan.edges)}")
+    print(f"  expected padding: {100 * plan.waste:.1f}% of computed tokens")
+    print(f"power of two ({len(pow2)} keys): buckets = {list(pow2)}")
+    print(f"  expected padding: {100 * padding_waste(lengths, pow2):.1f}% of computed tokens")
+    return 0
+
+
+def lengths_from_metrics(url: str, model: str | None) -> list[int]:
+    """A length sample from a live server's `bucketserve_sequence_length` histogram; each
+    length is read as its histogram bucket's upper bound (a slight overestimate)."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    cumulative: dict[float, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "bucketserve_sequence_length_bucket" and (
+                model is None or sample.labels.get("model") == model
+            ):
+                bound = float(sample.labels["le"])
+                cumulative[bound] = cumulative.get(bound, 0.0) + sample.value
+    lengths: list[int] = []
+    below = 0.0
+    for bound in sorted(b for b in cumulative if b != float("inf")):
+        lengths += [int(bound)] * int(cumulative[bound] - below)
+        below = cumulative[bound]
+    if not lengths:
+        raise ConfigError(f"{url}: no bucketserve_sequence_length samples yet")
+    return lengths
+
+
+def _models_build(args: argparse.Namespace) -> int:
+    from modelgen.build import build
+
+    for name in args.names:
+        path = build(name, args.models)
+        print(f"built {name} in {path}")
+    return 0
+
+
+def _models_import(args: argparse.Namespace) -> int:
+    from bucketserve.loading.importer import import_model
+
+    imported = import_model(args.path, args.models, args.name)
+    model, served = imported.model, imported.model.info.served_config
+    check = served["check"]
+    print(f"wrote {imported.entry}: the ONNX file, tokenizer.json and this config.toml\n")
+    print(imported.config)
+    print(f"model {model.name} v{model.info.version} loaded and checked:")
+    print(
+        f"  {check['policy']}: padding moves its outputs by {check['padding']}, batching by "
+        f"{check['batching']} (tolerance {check['tolerance']}); served as "
+        f"{served['batching']['policy']}"
+    )
+    embedding = model.info.embedding
+    if embedding is not None:
+        print(
+            f"  embedding: {embedding.output}, pooling {embedding.pooling.value}, "
+            f"{'normalised' if embedding.normalize else 'not normalised'}, width {embedding.width}"
+        )
+    for note in imported.notes:
+        print(f"  note: {note}")
+    return 0
+
+
+def _converter(name: str, type_name: str) -> Callable[[str], Any]:
+    def convert(raw: str) -> Any:
+        try:
+            return parse_value(name, type_name, raw)
+        except ConfigError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return convert
+
+
+def _add_settings(command: argparse.ArgumentParser) -> None:
+    for f in fields(Settings):
+        flag = "--" + f.name.replace("_", "-")
+        help_text = f"{f.metadata['help']} [{env_name(f.name)}; default {f.default}]"
+        if f.type == "bool":
+            command.add_argument(
+                flag, action="store_const", const=True, default=None, help=help_text
+            )
+        else:
+            command.add_argument(
+                flag,
+                default=None,
+                metavar=f.name.upper(),
+                help=help_text,
+                type=_converter(f.name, str(f.type)),
+            )
+
+
+def _repository_flag(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
+        "--models",
+        type=Path,
+        default=Path("models"),
+        help="model repository folder (default: ./models)",
+    )
+
+
+def parser() -> argparse.ArgumentParser:
+    from modelgen.build import RECIPES
+
+    top = argparse.ArgumentParser(prog="bucketserve", description=__doc__)
+    commands = top.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser(
+        "serve",
+        help="serve the model repository over HTTP",
+        description="Serve every model of the repository: /predict, KServe v2, /metrics. Each "
+        "setting is a flag, or a BUCKETSERVE_* environment variable; a flag wins.",
+    )
+    _add_settings(serve)
+    serve.set_defaults(run=_serve)
+
+    plan = commands.add_parser(
+        "plan",
+        help="propose bucket edges fitted to observed request lengths",
+        description="Fit bucket edges to a sample of request lengths (a file with one length "
+        "per line, or a live server's metrics) and compare their padding with power-of-two edges.",
+    )
+    source = plan.add_mutually_exclusive_group(required=True)
+    source.add_argument("--lengths", type=Path, help="file of lengths, one per line")
+    source.add_argument("--metrics-url", help="a live server's /metrics URL")
+    plan.add_argument("--model", help="with --metrics-url: that model's traffic only")
+    plan.add_argument("--keys", type=int, help="how many buckets (default: as many as power of 2)")
+    plan.add_argument("--max-length", type=int, help="last edge (default: the longest length seen)")
+    plan.set_defaults(run=_plan)
+
+    probe = commands.add_parser(
+        "probe",
+        help="check a local server's health (exit 0 when healthy)",
+        description="GET the server's KServe v2 health route on 127.0.0.1; exit 0 on 200, 1 "
+        "otherwise. For container health checks (HEALTHCHECK, exec probes).",
+    )
+    probe.add_argument("what", choices=sorted(PROBE_PATHS), help="ready: can take traffic now")
+    probe.add_argument("--port", type=int, help="default: BUCKETSERVE_PORT, else 8000")
+    probe.add_argument("--timeout", type=float, default=3.0, help="seconds")
+    probe.set_defaults(run=_probe)
+
+    models = commands.add_parser("models", help="manage the model repository")
+    models_commands = models.add_subparsers(dest="models_command", required=True)
+    build = models_commands.add_parser("build", help="build bundled models' ONNX files")
+    build.add_argument(
+        "names",
+        nargs="+",
+        choices=sorted(RECIPES),
+        metavar="NAME",
+        help=f"one of {', '.join(sorted(RECIPES))}",
+    )
+    _repository_flag(build)
+    build.set_defaults(run=_models_build)
+    imports = models_commands.add_parser(
+        "import",
+        help="turn a Hugging Face ONNX export folder into a repository entry",
+        description="Read a folder that optimum-cli or sentence-transformers wrote (model.onnx, "
+        "tokenizer.json, config.json, 1_Pooling/...), write models/NAME with its config, then "
+        "load and check it as the server would. Reads the local folder only.",
+    )
+    imports.add_argument("path", type=Path, help="the export folder")
+    imports.add_argument("--name", help="the entry's name (default: the folder's)")
+    _repository_flag(imports)
+    imports.set_defaults(run=_models_import)
+    return top
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    args = parser().parse_args(argv)
+    try:
+        return int(args.run(args))
+    except ConfigError as exc:
+        log.error("%s", exc)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,266 @@
+"""Server settings: one frozen object, built once at start and passed down.
+
+Precedence: command-line flag > `BUCKETSERVE_*` environment variable > default. Nothing reads
+the environment at import time; `Settings.from_env` is called by the CLI. Each field's help
+text is the CLI's `--help`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from bucketserve.errors import ConfigError
+
+ENV_PREFIX = "BUCKETSERVE_"
+STRATEGIES = ("shared-session", "session-per-key", "mutable")
+MODEL_CONTROL = ("none", "explicit", "poll")
+
+
+@dataclass(frozen=True)
+class Settings:
+    models: Path = field(default=Path("models"), metadata={"help": "model repository folder"})
+    model_name: str | None = field(
+        default=None,
+        metadata={
+            "help": "the name to serve a single model's folder under (--models holding its "
+            "config.toml, as KServe's storage initializer leaves /mnt/models; default: the "
+            "folder's name)"
+        },
+    )
+    host: str = field(
+        default="127.0.0.1", metadata={"help": "address to listen on (0.0.0.0 in a container)"}
+    )
+    port: int = field(default=8000, metadata={"help": "port to listen on"})
+    grpc_port: int | None = field(
+        default=None,
+        metadata={
+            "help": "also serve KServe v2 over gRPC on this port (the grpc extra; Triton's is 8001)"
+        },
+    )
+    default_model: str | None = field(
+        default=None,
+        metadata={"help": "model for requests that name none (default: the repository's choice)"},
+    )
+    request_timeout_ms: int = field(
+        default=30_000,
+        metadata={"help": "deadline of a request; X-Request-Timeout-Ms can only shorten it"},
+    )
+    max_body_bytes: int = field(
+        default=8 * 2**20, metadata={"help": "largest request body accepted (413 above)"}
+    )
+    max_sequences: int = field(
+        default=256, metadata={"help": "most sequences in one request (422 above)"}
+    )
+    max_request_tokens: int = field(
+        default=65_536,
+        metadata={"help": "most tokens (or steps) in one request, all sequences together (422)"},
+    )
+    drain_timeout_s: float = field(
+        default=30.0,
+        metadata={
+            "help": "on SIGTERM, the longest wait for admitted requests and for idle "
+            "connections to be left by their clients, before exiting"
+        },
+    )
+    header_timeout_s: float = field(
+        default=10.0,
+        metadata={"help": "a request's headers must arrive within this of its first byte"},
+    )
+    body_timeout_s: float = field(
+        default=30.0, metadata={"help": "a request's body must arrive within this of its headers"}
+    )
+    keep_alive_s: int = field(
+        default=75,
+        metadata={
+            "help": "an idle connection stays open this long (longer than client pools keep "
+            "theirs, so that the client closes first)"
+        },
+    )
+    max_connections: int = field(
+        default=1000,
+        metadata={"help": "open connections at most; a request on one more gets 503"},
+    )
+    strategy: str | None = field(
+        default=None,
+        metadata={
+            "help": "override every model's binding: shared-session, session-per-key or mutable"
+        },
+    )
+    max_batch_size: int | None = field(
+        default=None,
+        metadata={"help": "override every model's max_batch_size (1 turns batching off)"},
+    )
+    buckets: str | None = field(
+        default=None,
+        metadata={"help": "override every model's bucket edges, e.g. 16,32,64 (benchmarks)"},
+    )
+    max_queue_delay_ms: float | None = field(
+        default=None, metadata={"help": "override every model's max_queue_delay_ms"}
+    )
+    instances: int | None = field(
+        default=None,
+        metadata={
+            "help": "batches of one model that run at once, each in its own thread (default: "
+            "one per core when every model runs on the CPU, else 1)"
+        },
+    )
+    intra_op_threads: int | None = field(
+        default=None,
+        metadata={"help": "ONNX Runtime threads for one batch (default: cores / instances)"},
+    )
+    lone_batch_threads: int | None = field(
+        default=None,
+        metadata={
+            "help": "ONNX Runtime threads for a batch that runs alone (no other running or "
+            "waiting), on a second session with its own copy of the weights (default: every "
+            "core, where each batch runs on one thread; 1 turns it off)"
+        },
+    )
+    cache_dir: Path | None = field(
+        default=None,
+        metadata={
+            "help": "where a session-per-key model's weights are written out once, for its "
+            "sessions to share (default: $XDG_CACHE_HOME/bucketserve, else ~/.cache/bucketserve)"
+        },
+    )
+    model_control: str = field(
+        default="none",
+        metadata={
+            "help": "none: the models of the start are served until the end; explicit: also "
+            "loaded, replaced and unloaded by KServe's repository extension (POST "
+            "/v2/repository/models/NAME/load, /unload; gRPC RepositoryModelLoad...); poll: "
+            "explicit, and the repository folder followed every --poll-interval-s"
+        },
+    )
+    poll_interval_s: float = field(
+        default=5.0, metadata={"help": "model_control poll: how often the folder is read"}
+    )
+    allow_partial: bool = field(
+        default=False,
+        metadata={
+            "help": "serve the models that load when others fail (those report not ready, "
+            "with their error); without it, a model that fails to load stops the server"
+        },
+    )
+    docs: bool = field(
+        default=False,
+        metadata={
+            "help": "serve interactive API docs at /docs, their assets from this server (the "
+            "docs extra); the OpenAPI document is always at /openapi.json"
+        },
+    )
+    api_key: str | None = field(
+        default=None,
+        repr=False,  # (never in a log line or a traceback)
+        metadata={
+            "help": "require this key as `Authorization: Bearer KEY` (gRPC: `authorization` "
+            "metadata) on every route but health and readiness; prefer the environment "
+            "variable or --api-key-file to a flag, which other users can see in ps"
+        },
+    )
+    api_key_file: Path | None = field(
+        default=None,
+        metadata={
+            "help": "a file of API keys, one a line (# comments), any of which is accepted: "
+            "rotate by adding the new key, then removing the old"
+        },
+    )
+    open_metrics: bool = field(
+        default=False,
+        metadata={"help": "with an API key: leave /metrics open to scrapers without it"},
+    )
+    otlp_endpoint: str | None = field(
+        default=None,
+        metadata={
+            "help": "send traces over OTLP/HTTP to this collector, e.g. http://collector:4318 "
+            "(the tracing extra; the standard OTEL_EXPORTER_OTLP_* variables work too)"
+        },
+    )
+    log_json: bool = field(default=False, metadata={"help": "log JSON lines instead of text"})
+    log_level: str = field(default="info", metadata={"help": "debug, info, warning or error"})
+
+    def __post_init__(self) -> None:
+        if self.model_control not in MODEL_CONTROL:
+            raise ConfigError(
+                f"model_control: {self.model_control!r} is not one of {', '.join(MODEL_CONTROL)}"
+            )
+        if self.poll_interval_s <= 0:
+            raise ConfigError(f"poll_interval_s: must be positive, got {self.poll_interval_s}")
+        if self.strategy is not None and self.strategy not in STRATEGIES:
+            raise ConfigError(f"strategy: {self.strategy!r} is not one of {', '.join(STRATEGIES)}")
+        for name in (
+            "port",
+            "request_timeout_ms",
+            "max_body_bytes",
+            "max_sequences",
+            "max_request_tokens",
+            "header_timeout_s",
+            "body_timeout_s",
+            "keep_alive_s",
+            "max_connections",
+        ):
+            if getattr(self, name) <= 0 and not (name == "port" and self.port == 0):
+                raise ConfigError(f"{name}: must be positive, got {getattr(self, name)}")
+        for name in ("instances", "intra_op_threads", "lone_batch_threads"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ConfigError(f"{name}: must be at least 1, got {getattr(self, name)}")
+        if self.buckets is not None and not all(
+            e.strip().isdigit() for e in self.buckets.split(",")
+        ):
+            raise ConfigError(f"buckets: expected comma-separated lengths, got {self.buckets!r}")
+        if self.max_batch_size is not None and self.max_batch_size < 1:
+            raise ConfigError(f"max_batch_size: must be at least 1, got {self.max_batch_size}")
+
+    def api_keys(self) -> tuple[str, ...]:
+        """Every key a request may carry (none: no key is required), read once at start."""
+        keys = [self.api_key] if self.api_key else []
+        if self.api_key_file is not None:
+            try:
+                lines = self.api_key_file.read_text(encoding="utf-8").splitlines()
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ConfigError(f"api_key_file: {self.api_key_file}: {exc}") from None
+            found = [k.strip() for k in lines if k.strip() and not k.lstrip().startswith("#")]
+            if not found:
+                raise ConfigError(f"api_key_file: {self.api_key_file} holds no key")
+            keys += found
+        if any(not key.isascii() or not key.isprintable() or " " in key for key in keys):
+            raise ConfigError("api_key: a key is printable ASCII without spaces")
+        return tuple(keys)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        """Defaults, then BUCKETSERVE_* variables, then `overrides` that are not None."""
+        environ = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            raw = environ.get(env_name(f.name))
+            if raw is not None:
+                values[f.name] = parse_value(f.name, str(f.type), raw)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+
+def env_name(field_name: str) -> str:
+    return ENV_PREFIX + field_name.upper()
+
+
+def parse_value(name: str, type_name: str, raw: str) -> Any:
+    """One text value converted to the field's type; errors name the variable."""
+    try:
+        if "Path" in type_name:
+            return Path(raw)
+        if "bool" in type_name:
+            if raw.lower() not in ("1", "0", "true", "false", "yes", "no"):
+                raise ValueError("expected true or false")
+            return raw.lower() in ("1", "true", "yes")
+        if "int" in type_name:
+            return int(raw)
+        if "float" in type_name:
+            return float(raw)
+        return raw
+    except ValueError as exc:
+        raise ConfigError(f"{env_name(name)}={raw!r}: {exc}") from None

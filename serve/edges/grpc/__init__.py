@@ -1,6 +1,0 @@
-"""KServe v2 over gRPC (the `grpc` extra): the wire in `messages`, requests decoded by
-`decoding`, the methods in `service`, the port in `listener`."""
-
-from serve.edges.grpc.listener import GrpcServer
-
-__all__ = ["GrpcServer"]
