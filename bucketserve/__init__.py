@@ -1,11 +1,14 @@
 """bucketserve: length-bucketed inference for variable-length sequence models on ONNX Runtime.
 
-The rooms, in the order a request meets them: `process` (the command and the server process)
--> `edges` (HTTP and gRPC: where a request enters, decoded at the edge) -> `core` (where it is
-decided: the engine, each model's scheduler with its length-bucket queues, the model's collate
--> run -> split) -> `runtime` (where it runs: ONNX Runtime executors). Load time, `loading`,
-turns a model repository into ready models (checked, bound, warm) before the first request.
-`settings`, `metrics`, `logs` and `errors` are shared by all.
+The rooms, in the order a request meets them: `process` (the command, and the server process
+that wires every part once and runs the protocols) -> `edges` (HTTP and gRPC: where a request
+enters, decoded at the edge) -> `core` (where it is decided: the engine's one call, the
+registry of what is served, each model's scheduler with its length-bucket queues, the model's
+collate -> run -> split) -> `runtime` (where it runs: ONNX Runtime executors). Beside the
+request path: `loading` turns a model repository into ready models (checked, bound, warm), and
+`control` loads, replaces and unloads them while serving. `settings`, `metrics`, `tracing`,
+`logs` and `errors` are shared by all. Each room's docstring says what it may import; the
+import contracts in pyproject.toml hold it.
 
 `load_engine("models")` is the Python entry point: its `model(name).predict(...)` answers.
 """

@@ -35,11 +35,11 @@ class BucketserveError(Exception):
 
     status: int = 500
     code: str = "internal"
-    param: str | None = None  # the request's field at fault, where one is (OpenAI's `param`)
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.message = message
+        self.param = param  # the request's field at fault, where one is (OpenAI's `param`)
 
 
 class ConfigError(BucketserveError):
@@ -114,10 +114,6 @@ class InvalidInput(BucketserveError):
     status = 422
     code = "invalid_input"
 
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.param = param
-
 
 class Unavailable(BucketserveError):
     """Queue full, model not ready or server draining; the client should retry later."""
@@ -125,8 +121,8 @@ class Unavailable(BucketserveError):
     status = 503
     code = "unavailable"
 
-    def __init__(self, message: str, retry_after_s: int = 1) -> None:
-        super().__init__(message)
+    def __init__(self, message: str, retry_after_s: int = 1, param: str | None = None) -> None:
+        super().__init__(message, param)
         self.retry_after_s = retry_after_s
 
 

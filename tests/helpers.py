@@ -15,10 +15,14 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from bucketserve.control import Control
 from bucketserve.core.engine import Engine
+from bucketserve.edges.auth import ApiKeys
 from bucketserve.edges.http.app import create_app
 from bucketserve.loading import ModelSpec, load_engine, load_model_spec
 from bucketserve.loading.layouts import layout_of
+from bucketserve.metrics import Metrics
+from bucketserve.process.wiring import running
 from bucketserve.runtime.sessions import own_pools_allowed, run_all
 from bucketserve.settings import Settings
 from loadtest.process import running_server
@@ -95,11 +99,15 @@ max_batch_tokens = {max_batch_tokens}
 
 @contextlib.asynccontextmanager
 async def serving(
-    engine: Engine, settings: Settings | None = None
+    engine: Engine, control: Control | None = None
 ) -> AsyncIterator[httpx.AsyncClient]:
-    """The app around `engine`, its lifespan running, and a client talking to it in-process."""
-    app = create_app(settings or engine.settings, engine)
-    async with app.router.lifespan_context(app):
+    """The app around `engine` (and `control`), wired and running as the process runs them
+    (the API keys from the engine's settings), and a client talking to it in-process."""
+    settings = engine.settings
+    metrics = Metrics()
+    control = control or Control(engine, None)
+    app = create_app(engine, control, metrics, ApiKeys(settings.api_keys(), settings.open_metrics))
+    async with running(engine, control, metrics):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
             yield client

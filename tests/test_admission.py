@@ -11,6 +11,7 @@ import numpy as np
 
 from bucketserve.core.calls import Call, Sequences
 from bucketserve.core.engine import Engine
+from bucketserve.core.registry import Registry
 from bucketserve.settings import Settings
 from tests.fakes import FakeExecutor, fake_model
 from tests.helpers import serving
@@ -21,7 +22,7 @@ def gated_engine(queue_capacity: int = 2048, **settings: object) -> tuple[Engine
     instance, so that the batch at the gate holds back every later one."""
     model, executor = fake_model(queue_capacity=queue_capacity)
     executor.gate.clear()
-    engine = Engine({model.name: model}, model.name, Settings(**settings), instances=1)
+    engine = Engine(Registry({model.name: model}, model.name), Settings(**settings), instances=1)
     return engine, executor
 
 

@@ -53,7 +53,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 async def client(models: Path) -> AsyncIterator[httpx.AsyncClient]:
     settings = Settings(models=models, api_key=KEY)
-    async with serving(load_engine(settings), settings) as client:
+    async with serving(load_engine(settings)) as client:
         yield client
 
 
@@ -101,7 +101,7 @@ async def test_health_and_readiness_stay_open(client: httpx.AsyncClient, path: s
 
 async def test_metrics_open_only_when_the_setting_says(models: Path) -> None:
     settings = Settings(models=models, api_key=KEY, open_metrics=True)
-    async with serving(load_engine(settings), settings) as client:
+    async with serving(load_engine(settings)) as client:
         metrics = await client.get("/metrics")
         assert metrics.status_code == 200
         assert 'bucketserve_rejected_total{reason="unauthorized"}' not in metrics.text
@@ -147,7 +147,7 @@ async def test_every_key_of_the_file_is_accepted(tmp_path: Path, models: Path) -
     keys = tmp_path / "keys"
     keys.write_text(f"{KEY}\n{OLD_KEY}\n")
     settings = Settings(models=models, api_key_file=keys)
-    async with serving(load_engine(settings), settings) as client:
+    async with serving(load_engine(settings)) as client:
         for key in (KEY, OLD_KEY):
             answer = await client.get("/v2", headers={"Authorization": f"bearer {key}"})
             assert answer.status_code == 200

@@ -11,6 +11,7 @@ import pytest
 
 from bucketserve.core.calls import Answer, Call
 from bucketserve.core.engine import Engine
+from bucketserve.core.registry import Registry
 from bucketserve.metrics import Metrics
 from bucketserve.settings import Settings
 from loadtest.process import free_port
@@ -58,14 +59,16 @@ def grpc_request() -> bytes:
 
 
 async def test_every_edge_makes_the_same_call_for_the_same_sequences() -> None:
-    from bucketserve.edges.grpc import GrpcServer
+    from bucketserve.control import Control
+    from bucketserve.edges.auth import ApiKeys
+    from bucketserve.edges.grpc import GrpcListener
 
     model, _ = fake_model()
     port = free_port()
     settings = Settings(grpc_port=port)
-    engine = RecordingEngine({model.name: model}, model.name, settings)
+    engine = RecordingEngine(Registry({model.name: model}, model.name), settings)
     async with serving(engine) as client:
-        grpc_server = GrpcServer(engine, Metrics(), settings)
+        grpc_server = GrpcListener(engine, Control(engine, None), Metrics(), ApiKeys(()))
         await grpc_server.start()
         try:
             predicted = await client.post(
@@ -85,7 +88,7 @@ async def test_every_edge_makes_the_same_call_for_the_same_sequences() -> None:
                 method = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
                 answer = service_pb2.ModelInferResponse.FromString(await method(grpc_request()))
         finally:
-            await grpc_server.stop(0)
+            await grpc_server.stop()
 
     expected = ("fake", None, ("total",), TIMEOUT_MS, SEQUENCES)
     assert engine.calls == [expected] * 3

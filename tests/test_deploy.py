@@ -17,6 +17,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from bucketserve.core.engine import Engine
+from bucketserve.core.registry import Registry
 from bucketserve.edges.http.app import create_app
 from bucketserve.process.cli import PROBE_PATHS, parser
 from bucketserve.settings import Settings, env_name
@@ -30,6 +32,7 @@ from deploy.image.smoke import (
 )
 from loadtest.process import running_server
 from modelgen.build import RECIPES
+from tests.fakes import fake_model
 from tests.helpers import ROOT, copy_bundled
 
 K8S = ROOT / "deploy" / "k8s"
@@ -39,7 +42,7 @@ SETTINGS_ENV = {env_name(f.name) for f in fields(Settings)}
 
 def _routes() -> set[str]:
     """Every path the app serves: its API routes and what it mounts (/metrics)."""
-    app = create_app(Settings())
+    app = create_app(Engine(Registry({"fake": fake_model()[0]})))
     return set(app.openapi()["paths"]) | {getattr(route, "path", "") for route in app.routes}
 
 

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from bucketserve.core.engine import Engine
+from bucketserve.core.registry import Registry
 from bucketserve.edges.http.app import create_app
 from bucketserve.loading import ModelSpec, build_model
 from bucketserve.logs import Throttled
@@ -26,8 +27,8 @@ async def test_a_client_that_leaves_mid_upload_is_no_error(
 ) -> None:
     """`Content-Length: 100`, five bytes, then gone: answered with nothing, counted as 499."""
     model, _ = fake_model()
-    engine = Engine({model.name: model}, model.name, Settings())
-    app = create_app(engine.settings, engine)
+    engine = Engine(Registry({model.name: model}, model.name), Settings())
+    app = create_app(engine)
     messages: list[dict[str, Any]] = [
         {"type": "http.request", "body": b'{"seq', "more_body": True},
         {"type": "http.disconnect"},
@@ -55,7 +56,7 @@ async def test_a_client_that_leaves_mid_upload_is_no_error(
         "server": ("127.0.0.1", 8000),
     }
     with caplog.at_level(logging.INFO):
-        async with app.router.lifespan_context(app):
+        async with engine.running(app.state.metrics):
             await app(scope, receive, send)
             metrics = app.state.metrics.render().decode()
     assert sent[0]["status"] == 499  # (nobody is there to read it)
@@ -71,7 +72,7 @@ async def test_a_long_text_is_cut_by_characters_before_it_is_tokenised(
     model = build_model(minilm_spec)
     chars = model.info.text_chars
     assert chars == 32 * 256
-    engine = Engine({"minilm": model}, "minilm", Settings())
+    engine = Engine(Registry({"minilm": model}, "minilm"), Settings())
     words = "the quick brown fox jumps over the lazy dog " * 20_000  # 880,000 characters
     async with serving(engine) as client:
         whole = await client.post("/predict", json={"text": [words]})
@@ -116,7 +117,7 @@ async def test_a_large_body_is_decoded_off_the_event_loop(
 
     monkeypatch.setattr(predict, "parse_predict", recording)
     model, _ = fake_model()
-    engine = Engine({model.name: model}, model.name, Settings())
+    engine = Engine(Registry({model.name: model}, model.name), Settings())
     raw = b'{"sequences": [[7, 7, 7]]' + b" " * padding + b"}"  # whitespace: large, cheap
     async with serving(engine) as client:
         response = await client.post(
@@ -130,8 +131,8 @@ async def test_a_large_body_is_decoded_off_the_event_loop(
 async def test_docs_are_off_unless_asked_for_and_then_need_no_cdn() -> None:
     model, _ = fake_model()
     for docs in (False, True):
-        engine = Engine({model.name: model}, model.name, Settings(docs=docs))
-        async with serving(engine, Settings(docs=docs)) as client:
+        engine = Engine(Registry({model.name: model}, model.name), Settings(docs=docs))
+        async with serving(engine) as client:
             page = await client.get("/docs")
             document = await client.get("/openapi.json")
             if docs:
@@ -157,7 +158,7 @@ async def test_a_failing_batch_is_logged_once_and_its_clients_see_no_runtime_tex
 ) -> None:
     model, executor = fake_model()
     executor.failure = RuntimeError(RUNTIME_TEXT)
-    engine = Engine({model.name: model}, model.name, Settings())
+    engine = Engine(Registry({model.name: model}, model.name), Settings())
     with caplog.at_level(logging.INFO):
         async with serving(engine) as client:
             failed = await client.post(

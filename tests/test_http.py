@@ -11,6 +11,7 @@ import numpy as np
 
 from bucketserve.core.bucketing import BucketKey
 from bucketserve.core.engine import Engine
+from bucketserve.core.registry import Registry
 from bucketserve.loading import ModelSpec, build_model
 from bucketserve.loading.check import random_sequences
 from bucketserve.settings import Settings
@@ -102,7 +103,7 @@ async def test_metrics_report_batches_padding_and_keys(tmp_models: Path) -> None
 
 
 async def test_text_requests_use_the_tokenizer(minilm_spec: ModelSpec, tmp_path: Path) -> None:
-    engine = Engine({"minilm": build_model(minilm_spec)}, "minilm", Settings())
+    engine = Engine(Registry({"minilm": build_model(minilm_spec)}, "minilm"), Settings())
     model = engine.model()
     async with serving(engine) as client:
         response = await client.post(

@@ -66,6 +66,25 @@ PLANTS = {
     "web-framework": ("bucketserve/core/engine.py", "import fastapi"),
     "builders": ("bucketserve/loading/builder.py", "import modelgen.graphs"),
     "module-in-no-layer": ("bucketserve/shortcut.py", ""),
+    "edge-loads-a-model": (
+        "bucketserve/edges/http/predict.py",
+        "from bucketserve.loading import load_engine",
+    ),
+    "control-builds": ("bucketserve/control.py", "import bucketserve.runtime.sessions"),
+    "loading-reaches-control": ("bucketserve/loading/loader.py", "from bucketserve import control"),
+    "core-reaches-control": ("bucketserve/core/engine.py", "import bucketserve.control"),
+    "registry-over-the-engine": (
+        "bucketserve/core/registry.py",
+        "from bucketserve.core.engine import Engine",
+    ),
+    "edge-reaches-the-process": (
+        "bucketserve/edges/grpc/service.py",
+        "from bucketserve.process import wiring",
+    ),
+    "wiring-over-the-server": (
+        "bucketserve/process/wiring.py",
+        "from bucketserve.process import server",
+    ),
 }
 
 

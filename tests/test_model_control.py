@@ -20,6 +20,7 @@ import pytest
 
 from bucketserve.core.engine import Engine
 from bucketserve.loading import load_engine
+from bucketserve.process.wiring import wire
 from bucketserve.runtime.sessions import own_pools_allowed
 from bucketserve.settings import Settings
 from modelgen.graphs import encoder
@@ -81,10 +82,9 @@ def models(tmp_path: Path) -> Path:
 
 @pytest.fixture
 async def served(models: Path) -> AsyncIterator[tuple[httpx.AsyncClient, Engine]]:
-    settings = Settings(models=models, model_control="explicit", instances=2)
-    engine = load_engine(settings)
-    async with serving(engine, settings) as client:
-        yield client, engine
+    wired = wire(Settings(models=models, model_control="explicit", instances=2))
+    async with serving(wired.engine, wired.control) as client:
+        yield client, wired.engine
 
 
 def infer_body(index: int) -> dict[str, Any]:
@@ -167,10 +167,10 @@ async def test_reloads_under_traffic_lose_nothing_and_answer_exactly(
 async def until_released(engine: Engine, count: int) -> None:
     """Until the replaced versions are released: `count` models running."""
     for _ in range(500):
-        if len(engine._served) == count:
+        if engine.running_models == count:
             return
         await asyncio.sleep(0.01)
-    raise AssertionError(f"{len(engine._served)} models still running, expected {count}")
+    raise AssertionError(f"{engine.running_models} models still running, expected {count}")
 
 
 async def test_a_failed_load_leaves_the_old_serving(
@@ -221,7 +221,7 @@ async def test_unload_then_load_again(
     assert "unloaded" in gone.json()["error"]["message"]
     index = (await client.post("/v2/repository/index")).json()
     assert index == [{"name": NAME, "state": "UNAVAILABLE", "reason": "unloaded"}]
-    assert not engine._served  # released: nothing of it runs
+    assert not engine.running_models  # released: nothing of it runs
     metrics = (await client.get("/metrics")).text
     assert 'bucketserve_model_info{model="enc"' not in metrics  # its series went with it
     assert (await client.post(f"/v2/repository/models/{NAME}/load")).status_code == 200
@@ -229,9 +229,8 @@ async def test_unload_then_load_again(
 
 
 async def test_poll_follows_the_folder(models: Path) -> None:
-    settings = Settings(models=models, model_control="poll", poll_interval_s=0.1)
-    engine = load_engine(settings)
-    async with serving(engine, settings) as client:
+    wired = wire(Settings(models=models, model_control="poll", poll_interval_s=0.1))
+    async with serving(wired.engine, wired.control) as client:
         assert (await ask(client, 0))[0] == "1"
         write_version(models, 2)
         for _ in range(200):

@@ -90,8 +90,8 @@ async def test_a_partial_repository_serves_the_rest_and_says_what_failed(
     repository: Path,
 ) -> None:
     engine = load_engine(Settings(models=repository, allow_partial=True))
-    assert list(engine.models) == ["tiny-encoder"]
-    assert set(engine.failed) == {"bad-field", "bad-graph"}
+    assert list(engine.registry.models) == ["tiny-encoder"]
+    assert set(engine.registry.failed) == {"bad-field", "bad-graph"}
 
     async with serving(engine) as client:
         assert (await client.get("/v2/health/ready")).status_code == 200  # it serves the rest
@@ -113,7 +113,7 @@ async def test_a_partial_repository_serves_the_rest_and_says_what_failed(
     assert ready.json()["ready"] is False
     assert "batching.max_batch_size" in ready.json()["error"]
     assert config.status_code == 200
-    assert config.json()["error"] == engine.failed["bad-field"]
+    assert config.json()["error"] == engine.registry.failed["bad-field"]
     for response in (metadata, predict, infer):
         assert response.status_code == 503
         assert response.json()["error"]["code"] == "model_not_ready"

@@ -12,6 +12,7 @@ import pytest
 
 from bucketserve.core.bucketing import BucketKey
 from bucketserve.core.layout import Outputs
+from bucketserve.core.lifecycle import Lifecycle
 from bucketserve.core.model import Model
 from bucketserve.core.scheduler import Scheduler
 from bucketserve.errors import DeadlineExceeded, InferenceFailed, Unavailable
@@ -116,14 +117,15 @@ async def test_a_failing_batch_fails_only_the_sequence_that_fails_alone() -> Non
 
 
 async def test_a_request_is_refused_whole_or_admitted_whole() -> None:
-    sched, observer = scheduler(model_and_executor()[0], capacity=3)
+    lifecycle = Lifecycle()
+    sched, observer = scheduler(model_and_executor()[0], capacity=3, lifecycle=lifecycle)
     sched.admit([np.full(3, 1), np.full(20, 2)], deadline=1e12)
     with pytest.raises(Unavailable, match="queue full"):
         sched.admit([np.full(3, 3), np.full(3, 4)], deadline=1e12)  # 2 more than fits
     assert sched.depth == 2  # nothing of the refused request was queued
     with pytest.raises(DeadlineExceeded):
         sched.admit([np.full(3, 5)], deadline=-1.0)
-    sched.stop_admitting()
+    lifecycle.drain()  # the engine's drain, which every scheduler obeys
     with pytest.raises(Unavailable, match="draining"):
         sched.admit([np.full(3, 6)], deadline=1e12)
     assert observer.rejected == ["queue_full", "deadline", "draining"]

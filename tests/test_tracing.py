@@ -107,7 +107,9 @@ def test_grpc_continues_a_traceparent(models: Path, exporter: Any, tmp_path: Pat
     """Over gRPC, in process: the server's own listener on a free port, tritonclient's
     metadata carrying the parent."""
     grpcclient = pytest.importorskip("tritonclient.grpc")
-    from bucketserve.edges.grpc.listener import GrpcServer
+    from bucketserve.control import Control
+    from bucketserve.edges.auth import ApiKeys
+    from bucketserve.edges.grpc.listener import GrpcListener
     from bucketserve.metrics import Metrics
     from loadtest.process import free_port
 
@@ -119,7 +121,7 @@ def test_grpc_continues_a_traceparent(models: Path, exporter: Any, tmp_path: Pat
     async def serve_and_ask() -> None:
         metrics = Metrics()
         async with engine.running(metrics):
-            server = GrpcServer(engine, metrics, settings)
+            server = GrpcListener(engine, Control(engine, None), metrics, ApiKeys(()))
             await server.start()
             try:
                 client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
@@ -132,7 +134,7 @@ def test_grpc_continues_a_traceparent(models: Path, exporter: Any, tmp_path: Pat
                 )
                 client.close()
             finally:
-                await server.stop(0)
+                await server.stop()
 
     asyncio.run(serve_and_ask())
     spans = exporter.get_finished_spans()
@@ -177,10 +179,11 @@ def test_off_the_process_loads_no_sdk(models: Path) -> None:
         "import asyncio, sys, httpx\n"
         "from bucketserve.loading import load_engine\n"
         "from bucketserve.edges.http.app import create_app\n"
+        "from bucketserve.metrics import Metrics\n"
         f"engine = load_engine({str(models)!r})\n"
         "async def ask():\n"
-        "    app = create_app(engine.settings, engine)\n"
-        "    async with app.router.lifespan_context(app):\n"
+        "    app = create_app(engine)\n"
+        "    async with engine.running(Metrics()):\n"
         "        transport = httpx.ASGITransport(app=app)\n"
         "        async with httpx.AsyncClient(transport=transport, base_url='http://t') as c:\n"
         "            r = await c.post('/predict', json={'sequences': [[5, 6]]})\n"

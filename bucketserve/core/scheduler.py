@@ -1,6 +1,7 @@
 """The scheduler, one per model: the single owner of everything between the edge and the
-executor. Admission (draining, queue capacity, deadlines), the length-bucket queues (pure, in
-`queues`), the instance pool that runs batches in worker threads, and the one idle signal.
+executor. Admission (the engine's drain, queue capacity, deadlines), the length-bucket queues
+(pure, in `queues`), the instance pool that runs batches in worker threads, and the one idle
+signal. Imports the queues, the bucket plan and the lifecycle below it; never the engine.
 
 `infer` admits a request's sequences or refuses the whole request (503 when draining or full,
 504 when its deadline has passed), queues each sequence in its bucket and awaits their outputs
@@ -30,6 +31,7 @@ import numpy as np
 
 from bucketserve.core.bucketing import BucketKey, BucketPlan
 from bucketserve.core.layout import Outputs
+from bucketserve.core.lifecycle import Lifecycle
 from bucketserve.core.queues import BucketQueues, Pending
 from bucketserve.errors import DeadlineExceeded, InferenceFailed, Unavailable
 from bucketserve.logs import Throttled
@@ -92,11 +94,12 @@ class Scheduler:
         clock: Clock = time.monotonic,
         tracing: Tracing | None = None,
         attributes: Attributes | None = None,
+        lifecycle: Lifecycle | None = None,
     ) -> None:
         """`capacity`: sequences that may wait at once. `instances`: batches that may run at
         once, each in its own worker thread, on the model's one set of weights. `tracing`:
         where each sequence's wait and each batch are traced, with `attributes` (the model's
-        name and version) on every batch."""
+        name and version) on every batch. `lifecycle`: the engine's, whose drain it obeys."""
         self.model = model
         self.capacity = capacity
         self.queues = BucketQueues(max_delay_s)
@@ -104,7 +107,7 @@ class Scheduler:
         self.answered = 0  # of those, requests whose outputs were handed back
         self._observer = observer
         self._clock = clock
-        self._draining = False
+        self._lifecycle = lifecycle or Lifecycle()
         self._in_flight = 0
         self._arrived = asyncio.Event()
         self._settled = asyncio.Event()
@@ -124,14 +127,10 @@ class Scheduler:
 
     # -- admission --------------------------------------------------------------------------
 
-    def stop_admitting(self) -> None:
-        """Draining: every request from now on is refused; what was admitted still runs."""
-        self._draining = True
-
     def refuse_now(self, count: int) -> None:
         """Refuse a request of `count` sequences that could not be admitted now (draining, or
         the queue full), before the edge spends work on it (tokenising its texts)."""
-        if self._draining:
+        if self._lifecycle.draining:
             self._observer.reject("draining")
             raise Unavailable("the server is draining; retry on another replica")
         if self.depth + count > self.capacity:

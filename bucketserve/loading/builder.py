@@ -1,16 +1,14 @@
-"""The builder: a model spec becomes a ready model, and a repository an engine.
+"""The builder: a model spec becomes a ready model.
 
 spec -> the file its sessions load (for session-per-key, written once so they share weights)
 -> a load-time session -> layout and rules (`layouts`) -> the invariance check and the policy
 it allows -> the bucket plan -> an executor (and, on a CPU, a second one on every core for a
 batch that runs alone, when it answers as the first) -> the keys the config asks for bound and
-warm -> `Model`. `load_engine` does it for every model of a repository, after sizing ONNX
-Runtime's threads.
+warm -> `Model`. The loader (`loader`) calls it for every model of a repository.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 import time
@@ -18,26 +16,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
 from tokenizers import Tokenizer
 
 from bucketserve.core.bucketing import BucketPlan, Invariance, Policy
-from bucketserve.core.engine import Engine
 from bucketserve.core.layout import Layout
 from bucketserve.core.model import Model, ModelInfo, SequenceRules
-from bucketserve.errors import ConfigError
 from bucketserve.loading.check import Run, measure, thread_difference
-from bucketserve.loading.config import BatchingConfig
 from bucketserve.loading.layouts import Served, embedding_of, layout_of
 from bucketserve.loading.pad_safe import pad_safe_spec
 from bucketserve.loading.report import log_verdict, pad_safe_report, served_config
 from bucketserve.loading.repository import (
-    CONFIG_FILE,
     ModelSpec,
-    load_model_specs,
-    load_repository,
-    model_folders,
-    not_loaded,
 )
 from bucketserve.loading.served_file import default_cache_dir, served_graph
 from bucketserve.runtime.binding import run_bound
@@ -46,17 +35,11 @@ from bucketserve.runtime.sessions import (
     GraphFile,
     Session,
     create_session,
-    init_process,
-    lone_threads,
     own_pools_allowed,
-    return_freed_memory,
     run_all,
     runs_on_cpu,
-    thread_layout,
 )
 from bucketserve.runtime.weights import SharedWeights
-from bucketserve.settings import Settings
-from bucketserve.tracing import configured
 
 log = logging.getLogger(__name__)
 
@@ -210,24 +193,6 @@ def _checked(spec: ModelSpec, strategy: str, cache_dir: Path) -> _Checked:
     return _Checked(spec, graph, session, served, invariance, failures, seconds)
 
 
-def apply_overrides(spec: ModelSpec, settings: Settings) -> ModelSpec:
-    """Settings that override every model's batching (benchmarks: no batching, other delays)."""
-    update: dict[str, object] = {}
-    if settings.max_batch_size is not None:
-        update["max_batch_size"] = settings.max_batch_size
-    if settings.max_queue_delay_ms is not None:
-        update["max_queue_delay_ms"] = settings.max_queue_delay_ms
-    if settings.buckets is not None:
-        update["buckets"] = sorted(int(e) for e in settings.buckets.split(","))
-    if not update:
-        return spec
-    try:
-        batching = BatchingConfig.model_validate({**spec.config.batching.model_dump(), **update})
-    except ValidationError as exc:
-        raise ConfigError(f"settings override for model {spec.name}: {exc}") from None
-    return dataclasses.replace(spec, config=spec.config.model_copy(update={"batching": batching}))
-
-
 def lone_runner(
     spec: ModelSpec,
     strategy: str,
@@ -262,118 +227,3 @@ def lone_runner(
         difference,
     )
     return make_executor(strategy, graph, layout, plan, wide)
-
-
-class Loader:
-    """The repository's models built ready by name, every version its config serves: at
-    start (`load_engine`), and whenever the engine loads one (model control)."""
-
-    def __init__(self, settings: Settings, lone: int | None) -> None:
-        self.settings = settings
-        self.lone = lone  # threads of the runner for a batch that runs alone, if any
-        self.root = settings.models
-
-    @property
-    def one_model(self) -> bool:
-        """Whether the repository is one model's folder (its config.toml at the top)."""
-        return (self.root / CONFIG_FILE).is_file()
-
-    def folder(self, name: str) -> Path:
-        return self.root if self.one_model else self.root / name
-
-    def names(self) -> list[str]:
-        """The models the folder holds now."""
-        if self.one_model:
-            return [self.settings.model_name or self.root.resolve().name]
-        return [folder.name for folder in model_folders(self.root)]
-
-    def load(self, name: str) -> dict[int, Model]:
-        """Every served version of `name`, built, checked and warm; ConfigError says why not."""
-        folder = self.folder(name)
-        if not (folder / CONFIG_FILE).is_file():
-            raise ConfigError(f"{folder}: no model {name!r} in the repository")
-        specs = load_model_specs(folder, name)
-        if not specs:
-            raise ConfigError(f"{folder}: model {name} is not built")
-        return {spec.version: self.build(spec) for spec in specs}
-
-    def build(self, spec: ModelSpec) -> Model:
-        settings = self.settings
-        return build_model(
-            apply_overrides(spec, settings), settings.strategy, settings.cache_dir, self.lone
-        )
-
-    def released(self) -> None:
-        """A model was released: what its sessions held goes back to the system."""
-        return_freed_memory()
-
-    def fingerprint(self, name: str) -> tuple[tuple[str, int, int], ...]:
-        """What changes when the model's files do: each file's path, size and mtime."""
-        folder = self.folder(name)
-        if not folder.is_dir():
-            return ()
-        files = (p for p in sorted(folder.rglob("*")) if p.is_file())
-        return tuple(
-            (str(p.relative_to(folder)), stat.st_size, stat.st_mtime_ns)
-            for p, stat in ((p, p.stat()) for p in files)
-        )
-
-
-def load_engine(settings: Settings | Path | str = "models") -> Engine:
-    """Every model of a repository (a folder, or full settings) ready, in an engine. Models
-    that fail to load stop it, every one of them named in one error (all are tried, so that
-    one start says all that must be fixed), unless `settings.allow_partial`: then the engine
-    serves the others and reports those not ready, with why."""
-    if not isinstance(settings, Settings):
-        settings = Settings(models=Path(settings))
-    repository = load_repository(
-        settings.models, settings.default_model, partial=True, name=settings.model_name
-    )
-    instances, threads = thread_layout(
-        settings.instances,
-        settings.intra_op_threads,
-        all(
-            runs_on_cpu(spec.config.providers)
-            for specs in repository.models.values()
-            for spec in specs
-        ),
-    )
-    init_process(threads)  # before the first session: the pool is the process's
-    loader = Loader(settings, lone_threads(settings.lone_batch_threads, instances, threads))
-    versions: dict[str, dict[int, Model]] = {}
-    failed = dict(repository.failed)
-    for name, specs in repository.models.items():
-        try:
-            versions[name] = {spec.version: loader.build(spec) for spec in specs}
-        except Exception as exc:  # a ConfigError, or ONNX Runtime refusing the graph
-            failed[name] = _load_error(specs[-1], exc)
-            log.error("model %s did not load: %s", name, failed[name])
-    if failed and not settings.allow_partial:
-        raise not_loaded(failed, len(repository.models) + len(repository.failed))
-    if not versions:
-        raise ConfigError(f"{settings.models}: no model loaded ({'; '.join(failed.values())})")
-    shown = {name: _relative(error, settings.models) for name, error in failed.items()}
-    tracing = configured(settings.otlp_endpoint)
-    return Engine(
-        versions,
-        repository.default_model,
-        settings,
-        instances,
-        shown,
-        tracing,
-        loader if settings.model_control != "none" else None,
-    )
-
-
-def _relative(error: str, root: Path) -> str:
-    """An error as the HTTP routes show it: paths from the repository, not the host's."""
-    return error.replace(f"{root}/", "").replace(f"{root.resolve()}/", "")
-
-
-def _load_error(spec: ModelSpec, exc: Exception) -> str:
-    """What to tell the operator: a ConfigError says file, field and fix already; anything
-    else is ONNX Runtime (or a bug, whose traceback goes to the log)."""
-    if isinstance(exc, ConfigError):
-        return exc.message
-    log.error("model %s: loading raised", spec.name, exc_info=exc)
-    return f"{spec.onnx_path}: ONNX Runtime could not load or run the model: {exc}"

@@ -4,7 +4,7 @@ Scanned once at start. Produces one `ModelSpec` per servable model: its config, 
 its graph signature, all checked. A model that is built on demand (minilm) and not built yet is
 skipped with a warning that names the command that builds it. A model that fails its checks
 stops the load, unless a partial repository is allowed: then it is recorded as failed, with
-why, and the others are served.
+why (said by the builder, as every failed load is), and the others are served.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ class Repository:
     root: Path
     models: dict[str, list[ModelSpec]]  # every version served, oldest first
     default_model: str | None
-    failed: dict[str, str] = field(default_factory=dict)  # model -> why it did not load
+    failed: dict[str, ConfigError] = field(default_factory=dict)  # model -> why it did not load
 
 
 PARTIAL_HINT = "to serve the other models meanwhile, start with --allow-partial"
@@ -151,8 +151,7 @@ def _one_model(folder: Path, name: str, partial: bool) -> Repository:
     except ConfigError as exc:
         if not partial:
             raise
-        log.error("model %s did not load: %s", name, exc.message)
-        return Repository(folder, {}, name, {name: exc.message})
+        return Repository(folder, {}, name, {name: exc})
     if not specs:
         raise ConfigError(f"{folder}: the model is not built")
     return Repository(folder, {name: specs}, name)
@@ -183,19 +182,18 @@ def load_repository(
     if name is not None:
         log.warning("%s is a repository of models: each is served under its folder's name", root)
     models: dict[str, list[ModelSpec]] = {}
-    failed: dict[str, str] = {}
+    failed: dict[str, ConfigError] = {}
     folders = model_folders(root)
     for model_dir in folders:
         try:
             specs = load_model_specs(model_dir)
         except ConfigError as exc:
-            log.error("model %s did not load: %s", model_dir.name, exc.message)
-            failed[model_dir.name] = exc.message
+            failed[model_dir.name] = exc
             continue
         if specs:
             models[model_dir.name] = specs
     if failed and not partial:
-        raise not_loaded(failed, len(folders))
+        raise not_loaded({name: exc.message for name, exc in failed.items()}, len(folders))
     if not models and not failed:
         raise ConfigError(f"{root}: no servable model (a model is a folder with {CONFIG_FILE})")
     repo_file = root / REPOSITORY_FILE

@@ -1,2 +1,3 @@
-"""The process shell: the `bucketserve` command, and the server process that starts the engine
-and runs the HTTP and gRPC edges on it until SIGTERM drains them."""
+"""The process: the `bucketserve` command, and the server process, which wires every part once
+(engine, model control, metrics, tracing, API keys), starts HTTP and gRPC on them as equals,
+and drains them on SIGTERM. Imports anything below it; nothing imports it."""

@@ -1,4 +1,5 @@
-"""The gRPC listener beside HTTP, on its own port: started after the engine, drained after it.
+"""The gRPC listener, HTTP's equal on its own port: started by the process after the engine,
+drained after it. Imports the service below it, and the parts the process hands it.
 
 A message is at most `--max-body-bytes` (the HTTP body limit): past it, gRPC itself answers
 RESOURCE_EXHAUSTED before the service sees a byte. Answers have no size limit of their own
@@ -12,21 +13,21 @@ import logging
 
 import grpc
 
+from bucketserve.control import Control
 from bucketserve.core.engine import Engine
 from bucketserve.edges.auth import ApiKeys
 from bucketserve.edges.grpc.service import InferenceService
 from bucketserve.metrics import Metrics
-from bucketserve.settings import Settings
 
 log = logging.getLogger(__name__)
 
 
-class GrpcServer:
-    """gRPC's port, serving `InferenceService` on the engine and metrics the process made."""
+class GrpcListener:
+    """gRPC's port, serving `InferenceService` on the parts the process made."""
 
-    def __init__(self, engine: Engine, metrics: Metrics, settings: Settings) -> None:
-        keys = ApiKeys(settings.api_keys(), settings.open_metrics)
-        self.service = InferenceService(engine, metrics, keys)
+    def __init__(self, engine: Engine, control: Control, metrics: Metrics, keys: ApiKeys) -> None:
+        settings = engine.settings
+        self.service = InferenceService(engine, metrics, keys, control)
         self.address = f"{settings.host}:{settings.grpc_port}"
         self.max_message_bytes = settings.max_body_bytes
         self._server: grpc.aio.Server | None = None
@@ -46,6 +47,9 @@ class GrpcServer:
         self._server = server
         log.info("serving KServe v2 over gRPC on %s", self.address)
 
+    def stop_accepting(self) -> None:
+        """(gRPC keeps answering, UNAVAILABLE, until its clients go quiet: see `drain`.)"""
+
     async def drain(self, until: float, quiet_s: float = 0.5) -> None:
         """Once the engine has drained: new calls are still answered, UNAVAILABLE (the engine
         refuses them), until the clients have gone quiet for `quiet_s` or the loop's time
@@ -54,9 +58,12 @@ class GrpcServer:
         loop = asyncio.get_running_loop()
         while (wake := min(self.service.last_call + quiet_s, until)) > loop.time():
             await asyncio.sleep(wake - loop.time())
-        await self.stop(1.0)
+        await self._stopped(1.0)
 
-    async def stop(self, grace_s: float | None) -> None:
-        """No new call from now on; calls in flight get `grace_s` to finish."""
+    async def stop(self) -> None:
+        """No new call from now on, and calls in flight cancelled."""
+        await self._stopped(0)
+
+    async def _stopped(self, grace_s: float) -> None:
         if self._server is not None:
             await self._server.stop(grace_s)

@@ -31,6 +31,7 @@ import grpc
 import numpy as np
 from google.protobuf.message import DecodeError
 
+from bucketserve.control import Control
 from bucketserve.core.calls import OFF_LOOP_BYTES
 from bucketserve.core.engine import Engine
 from bucketserve.core.model import Model
@@ -88,15 +89,22 @@ def parsed(kind: Any, data: bytes) -> Message:
 class InferenceService:
     """The methods of `GRPCInferenceService` that bucketserve serves."""
 
-    def __init__(self, engine: Engine, metrics: Metrics, keys: ApiKeys | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        metrics: Metrics,
+        keys: ApiKeys | None = None,
+        control: Control | None = None,
+    ) -> None:
         self.engine = engine
+        self.control = control or Control(engine, None)
         self.metrics = metrics
         self.keys = keys or ApiKeys(())
         self.messages = MESSAGE_CLASSES
         self.last_call = 0.0  # the loop's time when the latest call came
 
     def _ready(self) -> bool:
-        return not self.engine.draining
+        return self.engine.ready
 
     def _model(self, name: str, version: str) -> Model:
         return self.engine.model(name or None, version or None)
@@ -108,7 +116,7 @@ class InferenceService:
         return self.messages["ServerReadyResponse"](ready=self._ready())
 
     async def ModelReady(self, request: Message, context: Context) -> Message:  # noqa: N802
-        if request.name in self.engine.failed:
+        if request.name in self.engine.registry.failed:
             return self.messages["ModelReadyResponse"](ready=False)
         self._model(request.name, request.version)
         return self.messages["ModelReadyResponse"](ready=self._ready())
@@ -120,7 +128,7 @@ class InferenceService:
 
     async def ModelMetadata(self, request: Message, context: Context) -> Message:  # noqa: N802
         model = self._model(request.name, request.version)
-        described = metadata(model, self.engine.versions.get(model.name, {}))
+        described = metadata(model, self.engine.registry.versions(model.name))
         tensor = self.messages["ModelMetadataResponse.TensorMetadata"]
         return self.messages["ModelMetadataResponse"](
             name=described["name"],
@@ -131,7 +139,7 @@ class InferenceService:
         )
 
     async def RepositoryIndex(self, request: Message, context: Context) -> Message:  # noqa: N802
-        entries = self.engine.index()
+        entries = self.engine.registry.index()
         if request.ready:
             entries = [e for e in entries if e["state"] == "READY"]
         index = self.messages["RepositoryIndexResponse.ModelIndex"]
@@ -139,12 +147,12 @@ class InferenceService:
 
     async def RepositoryModelLoad(self, request: Message, context: Context) -> Message:  # noqa: N802
         kserve.repository_parameters(request.parameters, kserve.LOAD_PARAMETERS)
-        await self.engine.load(request.model_name)
+        await self.control.load(request.model_name)
         return self.messages["RepositoryModelLoadResponse"]()
 
     async def RepositoryModelUnload(self, request: Message, context: Context) -> Message:  # noqa: N802
         kserve.repository_parameters(request.parameters, kserve.UNLOAD_PARAMETERS)
-        await self.engine.unload(request.model_name)
+        await self.control.unload(request.model_name)
         return self.messages["RepositoryModelUnloadResponse"]()
 
     async def ModelInfer(self, request: Message, context: Context) -> Message:  # noqa: N802

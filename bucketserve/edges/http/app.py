@@ -3,24 +3,21 @@
 when the server has an API key); errors are answered here, in the form of the route they came
 in on (`common.error_body`).
 
-`create_app(settings, engine=None, metrics=None)`: with an engine (the server process, tests),
-the app serves it; with none, the engine is loaded at startup from `settings.models`. An engine
-that is not running yet is run by the app's lifespan (tests, another ASGI server); the server
-process runs it itself, beside gRPC, and hands the app its metrics.
+`create_app(engine, control, metrics, keys)`: the app serves what the process (or a test)
+built and runs; it loads nothing and starts nothing. Imports the routes beside it, the core's
+engine and the API keys.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import PlainTextResponse
 from starlette.exceptions import HTTPException
 
+from bucketserve.control import Control
 from bucketserve.core.engine import Engine
 from bucketserve.edges.auth import ApiKeys
 from bucketserve.edges.http import contract, kserve_routes, openai_api, predict
@@ -34,13 +31,8 @@ from bucketserve.edges.http.common import (
 from bucketserve.edges.http.context import RequestContext
 from bucketserve.edges.http.guard import RequireKey
 from bucketserve.errors import BucketserveError, InvalidInput, ModelNotReady
-from bucketserve.loading import load_engine
 from bucketserve.logs import Throttled
 from bucketserve.metrics import Metrics
-from bucketserve.settings import Settings
-from bucketserve.tracing import Tracing
-
-NO_TRACING = Tracing()
 
 log = logging.getLogger(__name__)
 
@@ -57,38 +49,34 @@ class RoutingError(BucketserveError):
 
 
 def create_app(
-    settings: Settings, engine: Engine | None = None, metrics: Metrics | None = None
+    engine: Engine,
+    control: Control | None = None,
+    metrics: Metrics | None = None,
+    keys: ApiKeys | None = None,
 ) -> FastAPI:
+    """The app over `engine`; `control`: model control (default: off); `metrics`: where
+    requests are counted (the process's, shared with gRPC); `keys`: the API keys required
+    (default: none)."""
     metrics = metrics or Metrics()
-
-    @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        served = engine if engine is not None else await asyncio.to_thread(load_engine, settings)
-        if served.started:  # (run by the server process)
-            app.state.engine = served
-            yield
-            return
-        async with served.running(metrics):
-            app.state.engine = served
-            yield
-
+    keys = keys or ApiKeys(())
+    settings = engine.settings
     app = FastAPI(
         title="bucketserve",
         version=SERVER_VERSION,
-        lifespan=lifespan,
         description="Length-bucketed inference for variable-length sequence models.",
         docs_url=None,  # (a setting: below)
         redoc_url=None,
     )
-    app.state.engine = None
+    app.state.engine = engine
+    app.state.control = control or Control(engine, None)
     app.state.metrics = metrics
     app.include_router(predict.router)
     app.include_router(kserve_routes.router)
     app.include_router(openai_api.router)
-    if engine is not None:
-        versions = [str(model.info.version) for model in engine.models.values()]
-        names = [*engine.models, *engine.failed]
-        contract.describe_server(app, names, versions, engine.settings.max_sequences)
+    registry = engine.registry
+    versions = [str(model.info.version) for model in registry.models.values()]
+    names = [*registry.models, *registry.failed]
+    contract.describe_server(app, names, versions, settings.max_sequences)
     if settings.docs:
         contract.serve_docs(app)
 
@@ -143,18 +131,14 @@ def create_app(
         error = BucketserveError("internal server error")
         return json_response(error_body(error, request.url.path), 500)
 
-    keys = ApiKeys(settings.api_keys(), settings.open_metrics)
     if keys.required:  # (inside the context: a refusal has its request id, and is counted)
         app.add_middleware(RequireKey, keys=keys, metrics=metrics)
         contract.document_key(app, keys.open_path)
 
-    def tracing() -> Tracing:
-        return app.state.engine.tracing if app.state.engine is not None else NO_TRACING
-
     app.add_middleware(
         RequestContext,
         metrics=metrics,
-        draining=lambda: app.state.engine is not None and app.state.engine.draining,
-        tracing=tracing,
+        draining=lambda: engine.draining,
+        tracing=engine.tracing,
     )
     return app

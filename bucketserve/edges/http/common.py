@@ -13,6 +13,7 @@ import orjson
 from fastapi import Request, Response
 from starlette.requests import ClientDisconnect
 
+from bucketserve.control import Control
 from bucketserve.core.calls import OFF_LOOP_BYTES
 from bucketserve.core.engine import Engine
 from bucketserve.errors import (
@@ -55,6 +56,11 @@ class ClientGone(Exception):
 def engine_of(request: Request) -> Engine:
     engine: Engine = request.app.state.engine
     return engine
+
+
+def control_of(request: Request) -> Control:
+    control: Control = request.app.state.control
+    return control
 
 
 def request_id(request: Request) -> str:

@@ -28,7 +28,7 @@ class RequestContext:
         app: ASGIApp,
         metrics: Metrics,
         draining: Callable[[], bool],
-        tracing: Callable[[], Tracing],
+        tracing: Tracing,
     ) -> None:
         self.app = app
         self.metrics = metrics
@@ -55,7 +55,7 @@ class RequestContext:
                     headers["connection"] = "close"
             await send(message)
 
-        method, tracing = scope["method"], self.tracing()
+        method, tracing = scope["method"], self.tracing
         carrier = _headers(scope) if tracing.enabled else {}  # (off: nothing decoded for it)
         with tracing.request(f"{method} {scope['path']}", carrier) as span:
             try:

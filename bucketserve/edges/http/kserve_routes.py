@@ -19,6 +19,7 @@ from bucketserve.edges.http.common import (
     LENGTH_PARAMETER,
     SERVER_VERSION,
     TIMEOUT_PARAMETER,
+    control_of,
     engine_of,
     json_response,
     media_type,
@@ -86,15 +87,14 @@ def _model(request: Request, name: str, version: str | None) -> Model:
 
 def _failed(request: Request, name: str, version: str | None) -> str | None:
     """Why the model did not load, or None; no version of such a model is served."""
-    failed = engine_of(request).failed
+    failed = engine_of(request).registry.failed
     if name in failed and version is not None:
         raise ModelNotFound(f"model {name} did not load: no version of it is served")
     return failed.get(name)
 
 
 def _ready(request: Request) -> bool:
-    engine = getattr(request.app.state, "engine", None)
-    return engine is not None and not engine.draining
+    return engine_of(request).ready
 
 
 @router.get("/health/live", summary="Liveness", response_model=Live)
@@ -122,7 +122,7 @@ async def server_metadata(request: Request) -> Response:
             "name": "bucketserve",
             "version": SERVER_VERSION,
             "extensions": ["binary_tensor_data"],
-            "default_model": engine_of(request).default_model,
+            "default_model": engine_of(request).registry.default_model,
         }
     )
 
@@ -136,7 +136,7 @@ async def server_metadata(request: Request) -> Response:
 )
 async def model_metadata(request: Request, name: str, version: str | None) -> Response:
     model = _model(request, name, version)
-    return json_response(metadata(model, engine_of(request).versions.get(model.name, {})))
+    return json_response(metadata(model, engine_of(request).registry.versions(model.name)))
 
 
 @model_routes(
@@ -183,7 +183,7 @@ async def model_ready(request: Request, name: str, version: str | None) -> Respo
 async def repository_index(request: Request) -> Response:
     """Triton's repository index: each version served READY; a model that did not load, or
     was unloaded, UNAVAILABLE with the reason."""
-    return json_response(engine_of(request).index())
+    return json_response(engine_of(request).registry.index())
 
 
 @router.post(
@@ -197,7 +197,7 @@ async def repository_load(request: Request, name: str) -> Response:
     then switched to; the versions replaced finish what they took. A failed load: 400, and
     what was served keeps serving."""
     await _parameters(request, allowed=LOAD_PARAMETERS)
-    await engine_of(request).load(name)
+    await control_of(request).load(name)
     return json_response({})
 
 
@@ -209,7 +209,7 @@ async def repository_load(request: Request, name: str) -> Response:
 )
 async def repository_unload(request: Request, name: str) -> Response:
     await _parameters(request, allowed=UNLOAD_PARAMETERS)
-    await engine_of(request).unload(name)
+    await control_of(request).unload(name)
     return json_response({})
 
 

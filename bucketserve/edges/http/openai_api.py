@@ -212,7 +212,8 @@ def card(name: str) -> dict[str, Any]:
 @router.get("/models", response_model=ModelList, summary="The models that embed")
 async def models(request: Request) -> Response:
     engine = engine_of(request)
-    names = [name for name, model in engine.models.items() if model.info.embedding is not None]
+    served = engine.registry.models.items()
+    names = [name for name, model in served if model.info.embedding is not None]
     return json_response({"object": "list", "data": [card(name) for name in sorted(names)]})
 
 

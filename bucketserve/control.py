@@ -1,0 +1,139 @@
+"""Model control: models loaded, replaced and unloaded while the server runs (KServe's repository
+extension, `--model-control explicit`), and the repository folder followed (`poll`). It sits
+between the edges that ask for it and the core it changes; it builds nothing itself: a `Loader`
+(`bucketserve.loading.Loader`, handed over by the process) builds a model's versions and
+words every failed load, at start and here alike. Imports the core and the errors only.
+
+A load builds every version the model's config serves beside what is served, then the registry
+switches new requests to it and the engine runs it; the versions it replaced retire once the
+requests they took are answered. The poller stops when the drain begins.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Hashable
+from typing import Protocol
+
+from bucketserve.core.engine import Engine
+from bucketserve.core.model import Model
+from bucketserve.errors import LoadFailed, ModelControlOff, Unavailable
+
+log = logging.getLogger(__name__)
+
+
+class Loader(Protocol):
+    """What builds the repository's models by name (`bucketserve.loading.Loader`)."""
+
+    def names(self) -> list[str]:
+        """The models the repository folder holds now."""
+
+    def load(self, name: str) -> dict[int, Model]:
+        """Every served version of `name`, built, checked and warm, or LoadFailed saying why
+        (in the words a load at start uses)."""
+
+    def fingerprint(self, name: str) -> Hashable:
+        """What changes when the model's files do."""
+
+    def released(self) -> None:
+        """A model was released: what its sessions held goes back to the system."""
+
+
+class Control:
+    def __init__(
+        self, engine: Engine, loader: Loader | None, poll: bool = False, interval_s: float = 5.0
+    ) -> None:
+        """Control over `engine`'s models with `loader` (None: model control is off); `poll`:
+        the repository folder read every `interval_s` while serving."""
+        self.engine = engine
+        self.loader = loader
+        self.poll = poll and loader is not None
+        self.interval_s = interval_s
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def load(self, name: str) -> None:
+        """Load `name` from the repository, or replace what is served under it. A load that
+        fails leaves what was served serving, and says why."""
+        loader = self._loader("load")
+        async with self._locks.setdefault(name, asyncio.Lock()):
+            try:
+                loaded = await asyncio.to_thread(loader.load, name)
+            except LoadFailed as failed:
+                served = self.engine.registry.versions(name)
+                kept = "what was served keeps serving" if served else "not served"
+                raise LoadFailed(f"model {name} did not load ({kept}): {failed.message}") from None
+            for model in loaded.values():
+                self.engine.run(model)
+            replaced = self.engine.registry.put(name, loaded)
+            log.info("model %s: versions %s loaded", name, sorted(loaded))
+            self._retire_later(replaced)
+
+    async def unload(self, name: str) -> None:
+        """Serve `name` no more: new requests are refused (404), the ones it took are
+        answered, then its versions are released."""
+        self._loader("unload")
+        async with self._locks.setdefault(name, asyncio.Lock()):
+            removed = self.engine.registry.remove(name)
+            await self._retire(removed)
+            log.info("model %s unloaded", name)
+
+    def _loader(self, what: str) -> Loader:
+        if self.loader is None:
+            raise ModelControlOff(
+                "model control is off: start the server with --model-control explicit (or poll)"
+            )
+        return self.loader
+
+    def _retire_later(self, models: list[Model]) -> None:
+        task = asyncio.create_task(self._retire(models), name="retire")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _retire(self, models: list[Model]) -> None:
+        await asyncio.gather(*(self.engine.retire(model) for model in models))
+        models.clear()  # (the last references here: what the models held can be freed)
+        if self.loader is not None:
+            await asyncio.to_thread(self.loader.released)
+
+    # -- the poller ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """From the running event loop: the poller, under `poll`."""
+        if self.poll:
+            task = asyncio.create_task(self._follow(), name="repository-poll")
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def stop(self) -> None:
+        """The poller stopped, and models still retiring left as they are."""
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _follow(self) -> None:
+        """The repository folder read every poll interval until the drain begins: a model
+        whose files changed (or that appeared) is loaded, one whose folder went is unloaded."""
+        loader = self._loader("poll")
+        seen = {n: await asyncio.to_thread(loader.fingerprint, n) for n in loader.names()}
+        lifecycle = self.engine.lifecycle
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(lifecycle.until_draining(), self.interval_s)
+            if self.engine.draining:
+                log.info("model control: the drain began; the repository is no longer polled")
+                return
+            names = await asyncio.to_thread(loader.names)
+            for name in names:
+                now = await asyncio.to_thread(loader.fingerprint, name)
+                if now != seen.get(name):
+                    seen[name] = now
+                    with contextlib.suppress(LoadFailed, Unavailable):  # (logged; old serves)
+                        await self.load(name)
+            for name in set(seen) - set(names):
+                del seen[name]
+                with contextlib.suppress(Unavailable):
+                    await self.unload(name)

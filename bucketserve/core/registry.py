@@ -1,0 +1,146 @@
+"""The registry: what the server serves, by model name and version, and the state of every model
+of the repository. One entry per name, in one of three states: serving (its versions), failed
+(it did not load at start, and why) or unloaded (by a client, through model control).
+
+Every edge asks it (readiness, metadata, the repository index); the engine resolves a call's
+model through it; model control changes it (`put`, `remove`). It holds no scheduler and starts
+nothing: what runs is the engine's. Imports only the model and the errors below it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+
+from bucketserve.core.model import Model
+from bucketserve.errors import ModelNotFound, ModelNotReady, quoted
+
+FAILED_RETRY_AFTER_S = 60  # a model that did not load stays so until the server restarts
+
+
+class State(Enum):
+    SERVING = "serving"
+    FAILED = "failed"  # at start: it stays so until the server restarts
+    UNLOADED = "unloaded"
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One model name's state: its versions while serving, or why it is not served."""
+
+    state: State
+    versions: Mapping[int, Model] = field(default_factory=dict)  # by number, oldest first
+    reason: str = ""  # why it is not served
+
+    @property
+    def newest(self) -> Model:
+        """The version a request that names none gets."""
+        return self.versions[max(self.versions)]
+
+
+class Registry:
+    def __init__(
+        self,
+        models: Mapping[str, Model | Mapping[int, Model]],
+        default_model: str | None = None,
+        failed: Mapping[str, str] | None = None,
+    ) -> None:
+        """`models`: each name's model, or its versions by number. `failed`: models of the
+        repository that did not load, and why (reported, never served). `default_model`: the
+        model of a request that names none."""
+        self.default_model = default_model
+        self._entries: dict[str, Entry] = {
+            name: Entry(State.FAILED, reason=why) for name, why in (failed or {}).items()
+        }
+        for name, given in models.items():
+            versions = given if isinstance(given, Mapping) else {given.info.version: given}
+            self.put(name, versions)
+
+    # -- asked by the edges and the engine ----------------------------------------------------
+
+    def resolve(self, name: str | None = None, version: str | None = None) -> Model:
+        """The model served under `name` (the default when None), at `version` if one is named
+        (a version is a path segment or a field as sent: digits, or refused)."""
+        name = name or self.default_model
+        if name is None:
+            raise ModelNotFound("no model named, and the repository has no default model")
+        entry = self._entries.get(name)
+        if entry is None:
+            raise ModelNotFound(
+                f"unknown model {quoted(name)} (have {sorted(self.models)})", param="model"
+            )
+        if entry.state is State.UNLOADED:
+            raise ModelNotFound(f"model {name} is not loaded (it was unloaded)", param="model")
+        if entry.state is State.FAILED:
+            raise ModelNotReady(
+                f"model {name} did not load: {entry.reason}",
+                retry_after_s=FAILED_RETRY_AFTER_S,
+                param="model",
+            )
+        if not version:
+            return entry.newest
+        chosen = (
+            entry.versions.get(int(version)) if version.isascii() and version.isdigit() else None
+        )
+        if chosen is None:
+            raise ModelNotFound(
+                f"model {name} has no version {quoted(version, 32)} "
+                f"(serving {list(entry.versions)})",
+                param="model",
+            )
+        return chosen
+
+    def versions(self, name: str) -> Mapping[int, Model]:
+        """The versions of `name` served now (none when it is not served)."""
+        entry = self._entries.get(name)
+        return entry.versions if entry is not None else {}
+
+    @property
+    def models(self) -> dict[str, Model]:
+        """Each model served, at the version a request that names none gets."""
+        return {
+            name: entry.newest
+            for name, entry in self._entries.items()
+            if entry.state is State.SERVING
+        }
+
+    @property
+    def failed(self) -> dict[str, str]:
+        """The models that did not load at start, and why."""
+        return {n: e.reason for n, e in self._entries.items() if e.state is State.FAILED}
+
+    def served(self) -> list[Model]:
+        """Every version of every model served."""
+        return [m for e in self._entries.values() for m in e.versions.values()]
+
+    def knows(self, name: str) -> bool:
+        """Whether `name` has an entry: served, failed, or unloaded."""
+        return name in self._entries
+
+    def index(self) -> list[dict[str, str]]:
+        """Every model of the repository and its state (Triton's repository index): each
+        version served READY, those that did not load or were unloaded UNAVAILABLE with why."""
+        entries: list[dict[str, str]] = []
+        for name, entry in self._entries.items():
+            if entry.state is State.SERVING:
+                entries += [
+                    {"name": name, "version": str(v), "state": "READY"} for v in entry.versions
+                ]
+            else:
+                entries.append({"name": name, "state": "UNAVAILABLE", "reason": entry.reason})
+        return sorted(entries, key=lambda e: (e["name"], e.get("version", "")))
+
+    # -- changed by model control ---------------------------------------------------------
+
+    def put(self, name: str, versions: Mapping[int, Model]) -> list[Model]:
+        """Serve `versions` as `name` from now on; the versions it replaces are returned."""
+        replaced = list(self.versions(name).values())
+        self._entries[name] = Entry(State.SERVING, dict(sorted(versions.items())))
+        return replaced
+
+    def remove(self, name: str) -> list[Model]:
+        """Serve `name` no more (unloaded); the versions it served are returned."""
+        removed = list(self.versions(name).values())
+        self._entries[name] = Entry(State.UNLOADED, reason="unloaded")
+        return removed
