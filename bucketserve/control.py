@@ -6,7 +6,9 @@ words every failed load, at start and here alike. Imports the core and the error
 
 A load builds every version the model's config serves beside what is served, then the registry
 switches new requests to it and the engine runs it; the versions it replaced retire once the
-requests they took are answered. The poller stops when the drain begins.
+requests they took are answered. Nothing changes during a drain: a load or an unload asked for
+then is refused (503, retry on another replica), a load that was building when the drain began
+is dropped, and the poller stops when the drain begins.
 """
 
 from __future__ import annotations
@@ -65,6 +67,9 @@ class Control:
                 served = self.engine.registry.versions(name)
                 kept = "what was served keeps serving" if served else "not served"
                 raise LoadFailed(f"model {name} did not load ({kept}): {failed.message}") from None
+            if self.engine.draining:  # (it began while the model was building)
+                log.info("model %s: loaded during the drain, so not served", name)
+                raise Unavailable(f"the server began draining while model {name} loaded")
             for model in loaded.values():
                 self.engine.run(model)
             replaced = self.engine.registry.put(name, loaded)
@@ -84,6 +89,10 @@ class Control:
         if self.loader is None:
             raise ModelControlOff(
                 "model control is off: start the server with --model-control explicit (or poll)"
+            )
+        if self.engine.draining:
+            raise Unavailable(
+                f"the server is draining: no model {what} now; retry on another replica"
             )
         return self.loader
 
@@ -117,7 +126,8 @@ class Control:
     async def _follow(self) -> None:
         """The repository folder read every poll interval until the drain begins: a model
         whose files changed (or that appeared) is loaded, one whose folder went is unloaded."""
-        loader = self._loader("poll")
+        loader = self.loader
+        assert loader is not None, "poll without a loader"
         seen = {n: await asyncio.to_thread(loader.fingerprint, n) for n in loader.names()}
         lifecycle = self.engine.lifecycle
         while True:

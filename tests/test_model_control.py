@@ -6,9 +6,11 @@ serving; versions side by side; unload and load again; poll follows the folder."
 from __future__ import annotations
 
 import asyncio
+import logging
 import shutil
+import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Hashable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,7 +20,10 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
+from bucketserve.control import Control, Loader
 from bucketserve.core.engine import Engine
+from bucketserve.core.model import Model
+from bucketserve.errors import Unavailable
 from bucketserve.loading import load_engine
 from bucketserve.process.wiring import wire
 from bucketserve.runtime.sessions import own_pools_allowed
@@ -250,6 +255,92 @@ async def test_poll_follows_the_folder(models: Path) -> None:
         assert (
             await client.post(f"/v2/models/{NAME}/infer", json=infer_body(0))
         ).status_code == 404
+
+
+# -- during a drain: nothing loaded admits anything ---------------------------------------
+
+
+class GatedLoader:
+    """The repository's loader, holding each load at a gate once it has built the model."""
+
+    def __init__(self, loader: Loader) -> None:
+        self.loader = loader
+        self.built = threading.Event()
+        self.gate = threading.Event()
+
+    def names(self) -> list[str]:
+        return self.loader.names()
+
+    def fingerprint(self, name: str) -> Hashable:
+        return self.loader.fingerprint(name)
+
+    def released(self) -> None:
+        self.loader.released()
+
+    def load(self, name: str) -> dict[int, Model]:
+        loaded = self.loader.load(name)
+        self.built.set()
+        assert self.gate.wait(30), "the test never opened the gate"
+        return loaded
+
+
+async def test_a_model_loaded_during_a_drain_admits_nothing(models: Path) -> None:
+    """A load asked for during a drain is refused; one that was building when the drain
+    began is dropped; a scheduler started after the drain began obeys it; every request
+    meanwhile is refused, over the old version and the new alike."""
+    wired = wire(Settings(models=models, model_control="explicit"))
+    engine = wired.engine
+    gated = GatedLoader(wired.control.loader)  # type: ignore[arg-type]
+    control = Control(engine, gated)
+    async with serving(engine, control) as client:
+        write_version(models, 2)
+        building = asyncio.create_task(client.post(f"/v2/repository/models/{NAME}/load"))
+        await asyncio.to_thread(gated.built.wait, 30)
+        assert await engine.drain()  # (nothing in flight: it drains at once, and stays so)
+
+        gated.gate.set()
+        dropped = await building
+        refused = await client.post(f"/v2/repository/models/{NAME}/load")
+        unload = await client.post(f"/v2/repository/models/{NAME}/unload")
+        infer = await client.post(f"/v2/models/{NAME}/infer", json=infer_body(0))
+        ready = await client.get("/v2/health/ready")
+        index = (await client.post("/v2/repository/index")).json()
+
+        late = await asyncio.to_thread(gated.loader.load, NAME)  # served by hand, now
+        for model in late.values():
+            engine.run(model)
+        engine.registry.put(NAME, late)
+        with pytest.raises(Unavailable, match="draining"):  # its scheduler obeys the drain
+            await engine.schedulers[NAME].infer([np.array([5, 9])], 1e12)
+        assert engine.schedulers[NAME].admitted == 0
+
+    assert dropped.status_code == 503, dropped.text
+    assert "draining" in dropped.json()["error"]["message"]
+    for response in (refused, unload, infer):
+        assert response.status_code == 503, response.text
+        assert "draining" in response.json()["error"]["message"]
+    assert ready.status_code == 503
+    assert index == [{"name": NAME, "version": "1", "state": "READY"}]  # nothing switched
+    assert list(late) == [2]
+
+
+async def test_poll_stops_when_the_drain_begins(
+    models: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A file changed under `poll` during a drain is never loaded: the poller has stopped."""
+    wired = wire(Settings(models=models, model_control="poll", poll_interval_s=0.05))
+    engine = wired.engine
+    with caplog.at_level(logging.INFO, logger="bucketserve.control"):
+        async with serving(engine, wired.control) as client:
+            assert await engine.drain()
+            write_version(models, 2)
+            await asyncio.sleep(0.5)  # ten poll intervals
+            infer = await client.post(f"/v2/models/{NAME}/infer", json=infer_body(0))
+            index = (await client.post("/v2/repository/index")).json()
+    assert infer.status_code == 503
+    assert index == [{"name": NAME, "version": "1", "state": "READY"}]
+    assert any("no longer polled" in r.getMessage() for r in caplog.records)
+    assert not any("loaded" in r.getMessage() for r in caplog.records)
 
 
 # -- the full tier: a server process, tritonclient over HTTP and gRPC ------------------------
