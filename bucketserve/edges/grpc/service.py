@@ -11,17 +11,15 @@ its gRPC deadline, Triton's `timeout` parameter (microseconds; 0: none) and the 
 
 With an API key set, every method but liveness and readiness needs it as `authorization`
 metadata (`Bearer <key>`): UNAUTHENTICATED without it. Errors carry the codes Triton's clients
-expect and a message of at most 500 characters that
-quotes a client's strings cut short; refusals are counted (`bucketserve_rejected`) and logged
-at a bounded rate, without a traceback. A bug is logged and answered INTERNAL without its
-details. A client that cancels leaves nothing to compute. Metrics are the HTTP routes', under
-the method's path.
+expect and a message of at most 500 characters that quotes a client's strings cut short; how a
+failure is counted and logged is `edges.failures`' rule, the same as HTTP's (a bug: INTERNAL,
+without its details). A client that cancels leaves nothing to compute. Metrics are the HTTP
+routes', under the method's path.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from importlib.metadata import version
@@ -37,16 +35,14 @@ from bucketserve.core.engine import Engine
 from bucketserve.core.model import Model
 from bucketserve.edges import kserve
 from bucketserve.edges.auth import OPEN_METHODS, ApiKeys
+from bucketserve.edges.failures import CLIENT_CLOSED, Failures
 from bucketserve.edges.grpc.decoding import decode_request
 from bucketserve.edges.grpc.messages import MESSAGE_CLASSES, METHODS, SERVICE
 from bucketserve.edges.kserve import metadata
 from bucketserve.edges.tensors import DATATYPE_OF
-from bucketserve.errors import BucketserveError, MalformedRequest, ModelNotReady, brief
-from bucketserve.logs import Throttled, request_id
+from bucketserve.errors import MalformedRequest, brief
+from bucketserve.logs import request_id
 from bucketserve.metrics import Metrics
-
-log = logging.getLogger(__name__)
-throttled = Throttled(log)
 
 SERVER_NAME = "bucketserve"
 STATUS_CODES = {  # HTTP status of our error -> the gRPC code Triton answers such a request with
@@ -99,6 +95,7 @@ class InferenceService:
         self.engine = engine
         self.control = control or Control(engine, None)
         self.metrics = metrics
+        self.failures = Failures(metrics)
         self.keys = keys or ApiKeys(())
         self.messages = MESSAGE_CLASSES
         self.last_call = 0.0  # the loop's time when the latest call came
@@ -195,25 +192,18 @@ class InferenceService:
                 if method not in OPEN_METHODS:
                     self.keys.check(metadata.get(AUTHORIZATION))
                 return await handler(parsed(kind, await one_message(requests)), context)
-            except BucketserveError as exc:
-                status = exc.status
-                if exc.status < 500 or isinstance(exc, ModelNotReady):  # (admission counts)
-                    self.metrics.reject(exc.code)
-                if exc.code == MalformedRequest.code:  # (what the admission logs, it logs)
-                    throttled.log(logging.INFO, f"grpc-{exc.code}", "%s: %s", route, exc.message)
-                code = STATUS_CODES.get(exc.status, grpc.StatusCode.INTERNAL)
-                await context.abort(code, brief(exc.message))
-                raise  # (abort raises; this line is never reached)
             except asyncio.CancelledError:
-                status = 499  # the client cancelled, or its deadline passed
+                status = CLIENT_CLOSED  # the client cancelled, or its deadline passed
+                self.failures.client_left(route)
                 raise
             except grpc.aio.AbortError:
                 raise
-            except Exception:
-                status = 500
-                log.exception("unhandled error in %s", route)
-                await context.abort(grpc.StatusCode.INTERNAL, "internal server error")
-                raise
+            except Exception as exc:
+                error = self.failures.settle(exc, route)
+                status = error.status
+                code = STATUS_CODES.get(error.status, grpc.StatusCode.INTERNAL)
+                await context.abort(code, brief(error.message))
+                raise  # (abort raises; this line is never reached)
             finally:
                 self.metrics.request_done(route, status, time.perf_counter() - start)
                 span.set("bucketserve.status", status)  # (as HTTP would answer it)

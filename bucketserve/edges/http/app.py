@@ -1,16 +1,14 @@
 """The FastAPI application factory: wiring only. The routes live beside it (`predict`,
 `kserve_routes`, `openai_api`, `contract`), and so do the middleware (`context`, and `guard`
-when the server has an API key); errors are answered here, in the form of the route they came
-in on (`common.error_body`).
+when the server has an API key); errors are answered here, as `edges.failures` rules for both
+protocols, in the form of the route they came in on (`common.error_body`).
 
 `create_app(engine, control, metrics, keys)`: the app serves what the process (or a test)
 built and runs; it loads nothing and starts nothing. Imports the routes beside it, the core's
-engine and the API keys.
+engine, model control, the API keys and the rule for failures (`edges.failures`).
 """
 
 from __future__ import annotations
-
-import logging
 
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
@@ -20,6 +18,7 @@ from starlette.exceptions import HTTPException
 from bucketserve.control import Control
 from bucketserve.core.engine import Engine
 from bucketserve.edges.auth import ApiKeys
+from bucketserve.edges.failures import CLIENT_CLOSED, Failures
 from bucketserve.edges.http import contract, kserve_routes, openai_api, predict
 from bucketserve.edges.http.common import (
     SERVER_VERSION,
@@ -30,13 +29,8 @@ from bucketserve.edges.http.common import (
 )
 from bucketserve.edges.http.context import RequestContext
 from bucketserve.edges.http.guard import RequireKey
-from bucketserve.errors import BucketserveError, InvalidInput, ModelNotReady
-from bucketserve.logs import Throttled
+from bucketserve.errors import BucketserveError, InvalidInput
 from bucketserve.metrics import Metrics
-
-log = logging.getLogger(__name__)
-
-CLIENT_CLOSED = 499  # nginx's code for "client closed the request"; never actually delivered
 
 
 class RoutingError(BucketserveError):
@@ -89,34 +83,33 @@ def create_app(
     async def prometheus() -> Response:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    throttled = Throttled(log)
+    failures = Failures(metrics)  # (what is answered, counted and logged: one rule)
+
+    def settled(request: Request, raised: BaseException) -> Response:
+        where = f"{request.method} {request.url.path}"
+        return error_response(failures.settle(raised, where), request.url.path)
 
     @app.exception_handler(BucketserveError)
     async def on_error(request: Request, exc: BucketserveError) -> Response:
-        if exc.status < 500 or isinstance(exc, ModelNotReady):  # (admission counts its own)
-            metrics.reject(exc.code)
-        if exc.status >= 500:
-            throttled.log(
-                logging.WARNING,
-                exc.code,
-                "%s %s: %s",
-                request.method,
-                request.url.path,
-                exc.message,
-            )
-        return error_response(exc, request.url.path)
-
-    @app.exception_handler(ClientGone)
-    async def on_client_gone(request: Request, exc: ClientGone) -> Response:
-        throttled.log(logging.INFO, "client_gone", "a client left before its answer")
-        return Response(status_code=CLIENT_CLOSED)
+        return settled(request, exc)
 
     @app.exception_handler(RequestValidationError)
     async def on_validation(request: Request, exc: RequestValidationError) -> Response:
-        return error_response(InvalidInput(str(exc.errors())), request.url.path)
+        return settled(request, InvalidInput(str(exc.errors())))
+
+    @app.exception_handler(Exception)
+    async def on_bug(request: Request, exc: Exception) -> Response:
+        return settled(request, exc)
+
+    @app.exception_handler(ClientGone)
+    async def on_client_gone(request: Request, exc: ClientGone) -> Response:
+        failures.client_left(f"{request.method} {request.url.path}")
+        return Response(status_code=CLIENT_CLOSED)
 
     @app.exception_handler(HTTPException)
     async def on_http(request: Request, exc: HTTPException) -> Response:
+        """The framework's routing (no such route, a method it does not take): answered in
+        the error form, not a request to any model."""
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         error = RoutingError(exc.status_code, code, str(exc.detail))
         return json_response(
@@ -125,14 +118,8 @@ def create_app(
             dict(exc.headers or {}),  # 405's Allow
         )
 
-    @app.exception_handler(Exception)
-    async def on_bug(request: Request, exc: Exception) -> Response:
-        log.exception("unhandled error on %s %s", request.method, request.url.path)
-        error = BucketserveError("internal server error")
-        return json_response(error_body(error, request.url.path), 500)
-
     if keys.required:  # (inside the context: a refusal has its request id, and is counted)
-        app.add_middleware(RequireKey, keys=keys, metrics=metrics)
+        app.add_middleware(RequireKey, keys=keys, failures=failures)
         contract.document_key(app, keys.open_path)
 
     app.add_middleware(

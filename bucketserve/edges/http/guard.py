@@ -7,16 +7,16 @@ from __future__ import annotations
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from bucketserve.edges.auth import ApiKeys
+from bucketserve.edges.failures import Failures
 from bucketserve.edges.http.common import error_body, json_response
 from bucketserve.errors import Unauthorized
-from bucketserve.metrics import Metrics
 
 
 class RequireKey:
-    def __init__(self, app: ASGIApp, keys: ApiKeys, metrics: Metrics) -> None:
+    def __init__(self, app: ASGIApp, keys: ApiKeys, failures: Failures) -> None:
         self.app = app
         self.keys = keys
-        self.metrics = metrics
+        self.failures = failures
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or self.keys.open_path(scope["path"]):
@@ -26,7 +26,7 @@ class RequireKey:
         try:
             self.keys.check(authorization)
         except Unauthorized as refused:
-            self.metrics.reject(refused.code)
+            self.failures.settle(refused, f"{scope['method']} {scope['path']}")
             body = error_body(refused, scope["path"])
             response = json_response(body, refused.status, {"WWW-Authenticate": "Bearer"})
             await response(scope, receive, send)
