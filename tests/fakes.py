@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from bucketserve.core.bucketing import BucketKey, BucketPlan, Invariance
+from bucketserve.core.embedding import Embedding
 from bucketserve.core.layout import Input, InputRole, Layout, Tensor
 from bucketserve.core.model import Model, ModelInfo, SequenceRules
 
@@ -99,6 +100,7 @@ def fake_model(
     max_batch_tokens: int | None = None,
     queue_capacity: int = 2048,
     max_queue_delay_ms: float = 0,
+    embedding: Embedding | None = None,
 ) -> tuple[Model, FakeExecutor]:
     """A ready model over `FakeExecutor`, and the executor (to read or gate its batches)."""
     plan = BucketPlan(edges, max_batch_size, max_batch_tokens or max_batch_size * edges[-1])
@@ -113,6 +115,7 @@ def fake_model(
         invariance=Invariance(padding=0.0, batching=0.0, tolerance=1e-4),
         text_chars=None,
         served_config={"name": name, "version": "1", "strategy": "fake"},
+        embedding=embedding,
     )
     executor = FakeExecutor()
     return Model(info, executor), executor

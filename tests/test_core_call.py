@@ -1,6 +1,7 @@
 """The core call is the only way an edge reaches the engine: /predict, KServe v2 over HTTP and
-KServe v2 over gRPC, sent the same sequences, hand the core the same call; and the import
-contracts keep any edge from reaching past it (tests/test_layering.py)."""
+KServe v2 over gRPC, sent the same sequences, hand the core the same call; a task head is
+applied inside that call; and the import contracts keep any edge from reaching past it
+(tests/test_layering.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from bucketserve.core.calls import Answer, Call
+from bucketserve.core.calls import Answer, Call, Sequences
+from bucketserve.core.embedding import Embedding, Pooling
 from bucketserve.core.engine import Engine
+from bucketserve.core.heads import EMBEDDING, Embed
 from bucketserve.core.registry import Registry
+from bucketserve.errors import InvalidInput
 from bucketserve.metrics import Metrics
 from bucketserve.settings import Settings
 from loadtest.process import free_port
@@ -96,3 +100,21 @@ async def test_every_edge_makes_the_same_call_for_the_same_sequences() -> None:
     assert [o["total"] for o in predicted.json()["outputs"]] == totals
     assert inferred.json()["outputs"][0]["data"] == totals
     assert np.frombuffer(answer.raw_output_contents[0], np.int64).tolist() == totals
+
+
+async def test_a_task_head_answers_inside_the_one_call() -> None:
+    """The engine reads only what the head asks for and answers with the head's results; a
+    model that cannot do the task is refused before anything is admitted."""
+    rule = Embedding("doubled", Pooling.MEAN, normalize=False, width=None, dimensions="any")
+    embedder, _ = fake_model("embedder", embedding=rule)
+    plain, plain_runs = fake_model("plain")
+    engine = Engine(Registry({"embedder": embedder, "plain": plain}))
+    async with engine.running(Metrics()):
+        answer = await engine.infer(Call(Sequences([[1, 2, 3], [4]]), "embedder", head=Embed()))
+        with pytest.raises(InvalidInput, match="does not embed") as refused:
+            await engine.infer(Call(Sequences([[1]]), "plain", head=Embed()))
+    assert [sorted(out) for out in answer.outputs] == [[EMBEDDING], [EMBEDDING]]
+    assert [float(out[EMBEDDING]) for out in answer.outputs] == [4.0, 8.0]  # mean of ids x 2
+    assert answer.lengths == [3, 1]
+    assert refused.value.param == "model"
+    assert plain_runs.batches == []

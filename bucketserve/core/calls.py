@@ -2,7 +2,8 @@
 whatever protocol brought it (`Call`), and what the core gives back (`Answer`).
 
 An edge decodes its bytes into a `Call`: which model and version, the inputs, the outputs
-wanted, the client's own deadline, the request's id. `Engine.infer` does the rest. The inputs
+wanted or the task head that answers (`heads`), the client's own deadline, the request's id.
+`Engine.infer` does the rest. The inputs
 stay as the client sent them until the model is known, then become validated sequences:
 `Sequences` (items as sent: token id lists, or feature steps), `Texts` (tokenised by the
 model), or another `Inputs` an edge defines (KServe v2 tensors, in `bucketserve.edges.kserve`).
@@ -16,6 +17,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from bucketserve.core.heads import Head
 from bucketserve.core.layout import Outputs
 from bucketserve.core.model import Model
 from bucketserve.errors import InvalidInput
@@ -95,12 +97,13 @@ class Call:
     outputs: tuple[str, ...] | None = None  # None: every output of the model
     timeout_ms: float | None = None  # the client's own deadline; it only shortens the server's
     request_id: str = ""  # said in the log and in a failed batch's answer
+    head: Head | None = None  # the task that answers from the outputs (None: the outputs)
 
 
 @dataclass(frozen=True)
 class Answer:
-    """The outputs asked for, one dict per sequence in the request's order, and each
-    sequence's length as it was run (tokens after truncation, or steps)."""
+    """The outputs asked for (or the head's answers), one dict per sequence in the request's
+    order, and each sequence's length as it was run (tokens after truncation, or steps)."""
 
     model: Model
     outputs: list[Outputs]

@@ -1,8 +1,8 @@
 """What a model's embedding is: which output, how its steps are pooled into one vector, whether
 the vector is L2-normalised, and the widths it may be cut to. Read from the config's
-`[embedding]` at load; applied by the routes that answer embeddings (OpenAI's) to the outputs
-the core gave back for each sequence, which are already cut to the sequence's own length: a
-mean over them is the mean over the mask.
+`[embedding]` at load; applied by the `Embed` head (`heads`) inside the core call, to each
+sequence's outputs, which are already cut to the sequence's own length: a mean over them is
+the mean over the mask. Imports only the errors.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import numpy as np
 from bucketserve.errors import InvalidInput
 
 NORM_FLOOR = 1e-12  # torch's `normalize` eps: a zero vector stays zero
+DIMENSIONS = "dimensions"  # the request's field that asks for a cut (OpenAI's name)
 
 
 class Pooling(StrEnum):
@@ -44,13 +45,17 @@ class Embedding:
         if self.dimensions == ():
             raise InvalidInput(
                 f"this model's embeddings cannot be shortened (its config allows no "
-                f"dimensions); leave dimensions out{self._native}"
+                f"dimensions); leave dimensions out{self._native}",
+                param=DIMENSIONS,
             )
         if self.width is not None and wanted > self.width:
-            raise InvalidInput(f"dimensions {wanted} is more than the embedding's {self.width}")
+            raise InvalidInput(
+                f"dimensions {wanted} is more than the embedding's {self.width}", param=DIMENSIONS
+            )
         if self.dimensions != "any" and wanted not in self.dimensions:
             raise InvalidInput(
-                f"dimensions {wanted}: this model may be cut to {list(self.dimensions)}"
+                f"dimensions {wanted}: this model may be cut to {list(self.dimensions)}",
+                param=DIMENSIONS,
             )
 
     @property
@@ -66,7 +71,8 @@ class Embedding:
         if dimensions is not None and dimensions != len(pooled):
             if dimensions > len(pooled):  # (a width the graph left free, found only now)
                 raise InvalidInput(
-                    f"dimensions {dimensions} is more than the embedding's {len(pooled)}"
+                    f"dimensions {dimensions} is more than the embedding's {len(pooled)}",
+                    param=DIMENSIONS,
                 )
             pooled = _normalised(pooled[:dimensions])
         return pooled

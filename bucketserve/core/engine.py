@@ -205,7 +205,8 @@ class Engine:
     async def _infer(self, call: Call, model: Model, scheduler: Scheduler) -> Answer:
         """The request on the model it resolved to, which stays running until it is done."""
         with self.tracing.span("bucketserve.admission", {"bucketserve.model": model.name}):
-            wanted = wanted_outputs(model, call.outputs)
+            head = call.head
+            wanted = head.outputs(model) if head else wanted_outputs(model, call.outputs)
             count = call.inputs.count(model)
             if count > self.settings.max_sequences:
                 raise InvalidInput(f"too many sequences: {count} > {self.settings.max_sequences}")
@@ -217,6 +218,8 @@ class Engine:
             self.within_token_budget(sequences)
         outputs = await scheduler.infer(sequences, self.deadline(call.timeout_ms), call.request_id)
         chosen = [{name: out[name] for name in wanted} for out in outputs]
+        if head is not None:
+            chosen = [head.answer(model, out) for out in chosen]
         return Answer(model, chosen, [len(s) for s in sequences])
 
 

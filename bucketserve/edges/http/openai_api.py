@@ -1,11 +1,11 @@
 """OpenAI's embeddings API, as its SDKs (and LangChain, LlamaIndex, LiteLLM) send it:
 `POST /v1/embeddings` and `GET /v1/models`.
 
-A body becomes the core's one call (`Texts`, or `Sequences` for token ids) asking for the
-model's embedding output only; what comes back for each sequence, cut to its own length, is
-pooled and normalised by the model's embedding rule (`bucketserve.core.embedding`), then sent as
-floats or as base64 of little-endian float32 (the SDKs' default). Errors come in OpenAI's form
-(`common.error_body`), with the server's statuses.
+A body becomes the core's one call (`Texts`, or `Sequences` for token ids) with the `Embed`
+head (`bucketserve.core.heads`): the core pools and normalises each sequence's outputs by the
+model's embedding rule, and the route sends the vectors as floats or as base64 of
+little-endian float32 (the SDKs' default). Errors come in OpenAI's form (`common.error_body`),
+with the server's statuses.
 """
 
 from __future__ import annotations
@@ -21,8 +21,7 @@ from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
 
 from bucketserve.core.calls import Call, Inputs, Sequences, Texts
-from bucketserve.core.embedding import Embedding
-from bucketserve.core.model import Model
+from bucketserve.core.heads import EMBEDDING, Embed, embedding_rule
 from bucketserve.edges.http.common import (
     JSON,
     TIMEOUT_PARAMETER,
@@ -36,7 +35,7 @@ from bucketserve.edges.http.common import (
     unless_client_leaves,
 )
 from bucketserve.edges.http.schemas import WHY, Integer, Positive, inlined
-from bucketserve.errors import BucketserveError, InvalidInput, MalformedRequest
+from bucketserve.errors import BucketserveError, MalformedRequest
 
 router = APIRouter(prefix="/v1", tags=["OpenAI"])
 
@@ -147,14 +146,6 @@ def inputs_of(given: str | list[str] | list[int] | list[list[int]], wire_bytes: 
     return Sequences(given, wire_bytes)
 
 
-def embedding_of(model: Model) -> Embedding:
-    if model.info.embedding is None:
-        raise InvalidInput(
-            f"model {model.name} does not embed: its config has no [embedding]", param="model"
-        )
-    return model.info.embedding
-
-
 def encoded(vector: np.ndarray, encoding: str) -> str | np.ndarray:
     if encoding == "base64":
         return base64.b64encode(vector.astype("<f4").tobytes()).decode("ascii")
@@ -175,25 +166,17 @@ async def embeddings(request: Request) -> Response:
     engine = engine_of(request)
     raw = await read_body(request, engine.settings.max_body_bytes)
     body = await off_loop(parse_embeddings, raw)
-    with blamed("model"):
-        rule = embedding_of(engine.model(body.model))
-    with blamed("dimensions"):
-        rule.check_dimensions(body.dimensions)
     call = Call(
         inputs_of(body.input, len(raw)),
         body.model,
-        None,
-        (rule.output,),  # the embedding only: no per-token states encoded for nothing
-        request_timeout_ms(request),
-        request_id(request),
+        timeout_ms=request_timeout_ms(request),
+        request_id=request_id(request),
+        head=Embed(body.dimensions),
     )
-    with blamed("input"):
+    with blamed("input"):  # (unless the error names its own field: model, dimensions)
         answer = await unless_client_leaves(request, engine.infer(call))
-    vectors = [rule.vector(out[rule.output], body.dimensions) for out in answer.outputs]
-    data = [
-        {"object": "embedding", "index": i, "embedding": encoded(v, body.encoding_format)}
-        for i, v in enumerate(vectors)
-    ]
+    vectors = [encoded(out[EMBEDDING], body.encoding_format) for out in answer.outputs]
+    data = [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors)]
     tokens = sum(answer.lengths)
     return json_response(
         {
@@ -224,5 +207,5 @@ async def models(request: Request) -> Response:
     summary="One model that embeds",
 )
 async def model(request: Request, name: str) -> Response:
-    embedding_of(engine_of(request).model(name))
+    embedding_rule(engine_of(request).model(name))
     return json_response(card(name))
