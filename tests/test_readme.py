@@ -1,5 +1,6 @@
-"""The README stays true: its quick start's test command is the one CI runs, and every other
-command in it runs here (or, for the long ones, in the test that runs them in smoke mode)."""
+"""The README and the reference pages stay true: every command in them runs here against the
+quick start's server (or, for the long ones, in the test that runs them in smoke mode). The
+quick start itself is checked in the fast tier (tests/test_docs.py)."""
 
 from __future__ import annotations
 
@@ -18,28 +19,9 @@ from bucketserve.loading import ModelSpec
 from bucketserve.process.cli import PROBE_PATHS
 from loadtest.process import free_port
 from tests.helpers import ROOT
+from tests.test_docs import DOCS, quick_start
 
 pytestmark = pytest.mark.slow  # the full tier: real server processes
-
-
-def quick_start() -> list[str]:
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("## Quick start", 1)[1]
-    block = re.search(r"```bash\n(.*?)```", section, re.S)
-    assert block is not None
-    return [line for line in block.group(1).splitlines() if line.strip()]
-
-
-def test_quick_start_is_two_commands() -> None:
-    serve, test = quick_start()
-    assert serve == "pip install -e . && bucketserve serve"
-    assert "pytest" in test
-
-
-def test_ci_runs_the_readme_test_command() -> None:
-    _, test = quick_start()
-    ci = (ROOT / ".ci" / "run").read_text().splitlines()
-    assert test in ci
 
 
 # Commands that a test elsewhere runs in full (in smoke mode): the module and the test file.
@@ -47,6 +29,7 @@ RUN_ELSEWHERE = {
     "python -m loadtest.bench": "tests/test_bench.py",
     "python -m loadtest.reliability": "tests/test_reliability.py",
     "python -m deploy.image.smoke": "tests/test_deploy.py",
+    "mkdocs build": "tests/test_docs.py",
 }
 NEEDS_DOCKER_OR_CLUSTER = ("docker ", "kubectl ")
 SUITE = "python -m pytest"  # the suite's own tiers: running them is what the suite is doing
@@ -60,10 +43,12 @@ ACTIVATED = {
 
 
 def readme_commands() -> list[str]:
-    """Every command in the README's bash blocks: continuations joined, comments dropped."""
-    readme = (ROOT / "README.md").read_text()
+    """Every command in the bash blocks of the README, then of each reference page:
+    continuations joined, comments dropped."""
+    pages = [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
+    text = "\n".join(page.read_text() for page in pages)
     commands, pending = [], ""
-    for block in re.findall(r"```bash\n(.*?)```", readme, re.S):
+    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
         for line in block.replace("\\\n", " ").splitlines():
             if not pending:
                 line = re.sub(r"\s+#.*$", "", line).strip()
