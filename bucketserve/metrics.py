@@ -115,7 +115,8 @@ class Metrics:
         )
         self.model_info = Gauge(
             "bucketserve_model_info",
-            "each served model, with its effective strategy and batching policy (always 1)",
+            "each served model, with its effective binding (the `strategy` label, the name "
+            "dashboards read) and batching policy (always 1)",
             ["model", "version", "strategy", "policy"],
             registry=r,
         )
@@ -152,12 +153,12 @@ class Metrics:
             histogram.observe(length)
 
     def model_loaded(
-        self, model: str, version: int, strategy: str, policy: str, differences: Differences
+        self, model: str, version: int, binding: str, policy: str, differences: Differences
     ) -> None:
         """`differences`: the invariance check's figures
         (`bucketserve.core.bucketing.Invariance`)."""
-        self._info_labels[(model, version)] = (model, str(version), strategy, policy)
-        self.model_info.labels(model, str(version), strategy, policy).set(1)
+        self._info_labels[(model, version)] = (model, str(version), binding, policy)
+        self.model_info.labels(model, str(version), binding, policy).set(1)
         self.batching_difference.labels(model, "padding").set(differences.padding)
         self.batching_difference.labels(model, "batching").set(differences.batching)
         self.batching_tolerance.labels(model).set(differences.tolerance)

@@ -7,6 +7,7 @@ text is the CLI's `--help`.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -15,8 +16,12 @@ from typing import Any
 
 from bucketserve.errors import ConfigError
 
+log = logging.getLogger(__name__)
+
 ENV_PREFIX = "BUCKETSERVE_"
-STRATEGIES = ("shared-session", "session-per-key", "mutable")
+BINDINGS = ("shared-session", "session-per-key", "mutable")
+# Old spellings users may still send, each the alias of a setting's name now.
+DEPRECATED = {"strategy": "binding"}
 MODEL_CONTROL = ("none", "explicit", "poll")
 
 
@@ -84,11 +89,14 @@ class Settings:
         default=1000,
         metadata={"help": "open connections at most; a request on one more gets 503"},
     )
-    strategy: str | None = field(
+    binding: str | None = field(
         default=None,
         metadata={
             "help": "override every model's binding: shared-session, session-per-key or mutable"
         },
+    )
+    strategy: str | None = field(
+        default=None, metadata={"help": "deprecated: the old name of --binding"}
     )
     max_batch_size: int | None = field(
         default=None,
@@ -190,8 +198,10 @@ class Settings:
             )
         if self.poll_interval_s <= 0:
             raise ConfigError(f"poll_interval_s: must be positive, got {self.poll_interval_s}")
-        if self.strategy is not None and self.strategy not in STRATEGIES:
-            raise ConfigError(f"strategy: {self.strategy!r} is not one of {', '.join(STRATEGIES)}")
+        for old, new in DEPRECATED.items():
+            self._take_alias(old, new)
+        if self.binding is not None and self.binding not in BINDINGS:
+            raise ConfigError(f"binding: {self.binding!r} is not one of {', '.join(BINDINGS)}")
         for name in (
             "port",
             "request_timeout_ms",
@@ -214,6 +224,23 @@ class Settings:
             raise ConfigError(f"buckets: expected comma-separated lengths, got {self.buckets!r}")
         if self.max_batch_size is not None and self.max_batch_size < 1:
             raise ConfigError(f"max_batch_size: must be at least 1, got {self.max_batch_size}")
+
+    def _take_alias(self, old: str, new: str) -> None:
+        """An old spelling still works, said once in the log; both given must agree."""
+        given = getattr(self, old)
+        if given is None:
+            return
+        log.warning(
+            "%s (%s) is deprecated: use %s (%s)",
+            "--" + old.replace("_", "-"),
+            env_name(old),
+            "--" + new.replace("_", "-"),
+            env_name(new),
+        )
+        if getattr(self, new) not in (None, given):
+            raise ConfigError(f"{old}: {given!r} contradicts {new}: {getattr(self, new)!r}")
+        object.__setattr__(self, new, given)
+        object.__setattr__(self, old, None)
 
     def api_keys(self) -> tuple[str, ...]:
         """Every key a request may carry (none: no key is required), read once at start."""

@@ -474,7 +474,7 @@ def configs(spec: ModelSpec) -> dict[str, list[str]]:
     return {
         "bucketing": [],
         "bucketing, power-of-two edges": ["--buckets", pow2],
-        "mutable": ["--strategy", "mutable"],
+        "mutable": ["--binding", "mutable"],
         "batching off": ["--max-batch-size", "1"],
         "one bucket": ["--buckets", str(longest)],
         "bucketing, one instance": ["--instances", "1"],

@@ -36,11 +36,11 @@ print(json.dumps({"import": imported - began, "spec": specced - imported, **load
 """
 
 
-def load_runs(model_dir: Path, runs: int, strategy: str | None) -> list[dict[str, float]]:
+def load_runs(model_dir: Path, runs: int, binding: str | None) -> list[dict[str, float]]:
     found = []
     for _ in range(runs):
         out = subprocess.run(
-            [sys.executable, "-c", ONE_LOAD, str(model_dir), *([strategy] if strategy else [])],
+            [sys.executable, "-c", ONE_LOAD, str(model_dir), *([binding] if binding else [])],
             cwd=ROOT,
             capture_output=True,
             text=True,
@@ -68,10 +68,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="minilm", help="a model folder of models/")
     parser.add_argument("--models", type=Path, default=ROOT / "models")
     parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--strategy", help="override the config's strategy")
+    parser.add_argument("--binding", help="override the config's binding")
     args = parser.parse_args(argv)
     model_dir = args.models / args.model
-    loads = load_runs(model_dir, args.runs, args.strategy)
+    loads = load_runs(model_dir, args.runs, args.binding)
     ready = ready_runs(model_dir, args.runs)
     median = {k: statistics.median(run[k] for run in loads) for k in loads[0]}
     print(json.dumps({"model": args.model, "median": median, "ready_s": ready, "runs": loads}))

@@ -34,7 +34,7 @@ LAYOUT = Layout(
 class FakeExecutor:
     """Runs batches in numpy: `doubled` = ids x 2 per step, `total` = the masked sum."""
 
-    strategy = "fake"
+    binding = "fake"
 
     def __init__(self) -> None:
         self.batches: list[tuple[BucketKey, list[int]]] = []  # each batch's key, row lengths

@@ -25,10 +25,10 @@ def pss_bytes() -> int:
         return next(int(line.split()[1]) * 1024 for line in f if line.startswith("Pss:"))
 
 
-def main(model_dir: str, strategy: str) -> None:
+def main(model_dir: str, binding: str) -> None:
     spec = load_model_spec(Path(model_dir))
     assert spec is not None
-    model = build_model(spec, strategy)  # binds and warms the default key
+    model = build_model(spec, binding)  # binds and warms the default key
     one_key = pss_bytes()
     for key in model.plan.all_keys():
         model.prepare(key)

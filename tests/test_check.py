@@ -44,7 +44,7 @@ def test_the_check_finds_each_exports_policy(
     else:  # rows move each other (int8: the activations' scale is the whole batch's)
         assert checked.batching > 10 * tolerance
     if expected is not Policy.BUCKETS:
-        assert model.strategy == "mutable"  # unpadded batches run at their own shape
+        assert model.binding == "mutable"  # unpadded batches run at their own shape
     served = model.info.served_config
     assert served["batching"]["policy"] == expected.value
     why = served["check"].get("single")

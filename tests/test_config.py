@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import shutil
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pytest
 from bucketserve.errors import ConfigError
 from bucketserve.loading import load_model_spec, load_repository
 from bucketserve.loading.repository import load_model_specs
+from bucketserve.settings import Settings
 from tests.helpers import MODELS, copy_bundled
 
 GOOD = (MODELS / "tiny-encoder" / "config.toml").read_text()
@@ -193,3 +195,26 @@ def test_unknown_default_model(tmp_models: Path) -> None:
 def test_missing_repository(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="model repository folder not found"):
         load_repository(tmp_path / "nowhere")
+
+
+def test_an_old_setting_name_still_works_and_says_it_is_deprecated(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """`--strategy` became `--binding`: the old spelling, flag or variable, sets the new one
+    and logs one deprecation line; given both, they must agree."""
+    with caplog.at_level(logging.WARNING, logger="bucketserve.settings"):
+        from_flag = Settings.from_env({}, strategy="mutable")
+        from_variable = Settings.from_env({"BUCKETSERVE_STRATEGY": "session-per-key"})
+    assert (from_flag.binding, from_flag.strategy) == ("mutable", None)
+    assert from_variable.binding == "session-per-key"
+    said = [r.getMessage() for r in caplog.records]
+    assert (
+        said
+        == ["--strategy (BUCKETSERVE_STRATEGY) is deprecated: use --binding (BUCKETSERVE_BINDING)"]
+        * 2
+    )
+    assert Settings(binding="mutable", strategy="mutable").binding == "mutable"
+    with pytest.raises(ConfigError, match="contradicts binding"):
+        Settings(binding="mutable", strategy="session-per-key")
+    with pytest.raises(ConfigError, match="binding: 'static'"):
+        Settings(strategy="static")

@@ -1,4 +1,4 @@
-"""Every bundled model, every binding strategy: batched answers equal each sequence run alone."""
+"""Every bundled model, every binding: batched answers equal each sequence run alone."""
 
 from __future__ import annotations
 
@@ -11,22 +11,22 @@ from bucketserve.loading.check import random_sequences
 from bucketserve.loading.layouts import sequence_rules
 from tests.helpers import Reference, lengths_over_buckets
 
-STRATEGIES = ["shared-session", "session-per-key", "mutable"]
+BINDINGS = ["shared-session", "session-per-key", "mutable"]
 TOLERANCE = 1e-5
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("binding", BINDINGS)
 @pytest.mark.parametrize("model_name", ["tiny-encoder", "tiny-lstm", "minilm"])
 def test_batched_equals_alone(
-    bundled_specs: dict[str, ModelSpec], model_name: str, strategy: str
+    bundled_specs: dict[str, ModelSpec], model_name: str, binding: str
 ) -> None:
     spec = bundled_specs[model_name]
     edges = spec.config.batching.edges
     sequences = random_sequences(
         sequence_rules(spec), lengths_over_buckets(edges, 200, seed=7), seed=11
     )
-    model = build_model(spec, strategy)
-    assert model.strategy == strategy
+    model = build_model(spec, binding)
+    assert model.binding == binding
     assert model.plan.policy is Policy.BUCKETS
 
     answers = model.predict(sequences)

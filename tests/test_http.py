@@ -137,4 +137,4 @@ async def test_only_the_requested_outputs_and_the_config_as_served(tmp_models: P
     assert served["name"] == "tiny-lstm"
     assert served["batching"]["buckets"] == list(lstm.plan.edges)
     assert served["inputs"]["features"]["role"] == "features"
-    assert served["strategy"] == lstm.executor.strategy
+    assert served["strategy"] == lstm.executor.binding

@@ -28,7 +28,7 @@ def test_only_a_batch_that_runs_alone_goes_to_the_lone_runner() -> None:
     lone = model.lone = FakeExecutor()
     key = BucketKey(8, 8)
     together = model.run_batch(key, [np.arange(1, 4), np.arange(1, 6)])
-    alone = model.run_batch(key, [np.arange(1, 4), np.arange(1, 6)], alone=True)
+    alone = model.run_batch(key, [np.arange(1, 4), np.arange(1, 6)], lone=True)
     assert executor.batches == [(key, [3, 5])]
     assert lone.batches == [(key, [3, 5])]
     for a, b in zip(together, alone, strict=True):

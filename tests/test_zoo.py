@@ -1,4 +1,4 @@
-"""Every export in the zoo, under every strategy, over HTTP: concurrent requests of mixed
+"""Every export in the zoo, under every binding, over HTTP: concurrent requests of mixed
 lengths, and every answer equal (within the tolerance) to the model run on that sequence
 alone, unpadded. Models that batching moves are served one sequence per run and exact."""
 
@@ -19,20 +19,20 @@ from bucketserve.runtime.sessions import GraphFile, side_session
 from tests.helpers import make_engine, serving, spec_of
 from tests.zoo import ZOO, add_to
 
-STRATEGIES = ["shared-session", "session-per-key", "mutable"]
+BINDINGS = ["shared-session", "session-per-key", "mutable"]
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("binding", BINDINGS)
 @pytest.mark.parametrize("name", list(ZOO))
 async def test_every_answer_equals_the_model_alone(
-    tmp_models: Path, name: str, strategy: str
+    tmp_models: Path, name: str, binding: str
 ) -> None:
     add_to(tmp_models, name)
-    engine = make_engine(tmp_models, strategy=strategy, max_queue_delay_ms=5)
+    engine = make_engine(tmp_models, binding=binding, max_queue_delay_ms=5)
     model = engine.model(name)
     policy = Policy(ZOO[name].policy)
     assert model.plan.policy is policy
-    assert model.strategy == (strategy if policy is Policy.BUCKETS else "mutable")
+    assert model.binding == (binding if policy is Policy.BUCKETS else "mutable")
     rules = model.info.rules
     assert rules.min_length == ZOO[name].min_length
     rng = np.random.default_rng(len(name))

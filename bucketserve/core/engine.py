@@ -120,7 +120,7 @@ class Engine:
         self._served[model] = Served(scheduler, task)
         metrics.watch_bound_keys(model.name, model.executor.bound_key_count)
         metrics.model_loaded(
-            model.name, info.version, model.strategy, info.plan.policy.value, info.invariance
+            model.name, info.version, model.binding, info.plan.policy.value, info.invariance
         )
 
     async def retire(self, model: Model) -> None:

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 class Runner(Protocol):
     """What runs a model's batches: `bucketserve.runtime`'s executors, or a fake in tests."""
 
-    strategy: str
+    binding: str  # shared-session, session-per-key or mutable
 
     @property
     def providers(self) -> list[str]: ...
@@ -154,8 +154,8 @@ class Model:
         self.lone = lone
 
     @property
-    def strategy(self) -> str:
-        return self.executor.strategy
+    def binding(self) -> str:
+        return self.executor.binding
 
     def prepare(self, key: BucketKey) -> None:
         """Bind `key` ahead of its first batch (MXNet's `prepare`) and warm it with pad rows."""
@@ -185,11 +185,11 @@ class Model:
         return self.executor.batch_shape(key, lengths)
 
     def run_batch(
-        self, key: BucketKey, sequences: Sequence[np.ndarray], alone: bool = False
+        self, key: BucketKey, sequences: Sequence[np.ndarray], lone: bool = False
     ) -> list[Outputs]:
         """Collate -> run -> split for one batch of validated sequences that fit `key`;
-        `alone`: no other batch runs or waits, so it may take every core."""
-        runner = self.lone if alone and self.lone is not None else self.executor
+        `lone`: no other batch runs or waits, so it may take every core."""
+        runner = self.lone if lone and self.lone is not None else self.executor
         lengths = [len(s) for s in sequences]
         rows, length = runner.batch_shape(key, lengths)
         layout = self.info.layout

@@ -56,7 +56,7 @@ class BatchModel(Protocol):
     def batch_shape(self, key: BucketKey, lengths: Sequence[int]) -> tuple[int, int]: ...
 
     def run_batch(
-        self, key: BucketKey, sequences: Sequence[np.ndarray], alone: bool = False
+        self, key: BucketKey, sequences: Sequence[np.ndarray], lone: bool = False
     ) -> list[Outputs]: ...
 
 
@@ -215,13 +215,13 @@ class Scheduler:
                 except BaseException:
                     self._free.release()
                     raise
-                alone = not self._running and not len(self.queues) and len(items) <= self._instances
-                wide = alone and self.model.lone_takes_every_core
-                if wide:  # the other instances, all free, wait for it: it has their cores
+                lone = not self._running and not len(self.queues) and len(items) <= self._instances
+                every_core = lone and self.model.lone_takes_every_core
+                if every_core:  # the other instances, all free, wait for it: it has their cores
                     for _ in range(self._instances - 1):
                         await self._free.acquire()
-                held = [self._idle.pop() for _ in range(self._instances if wide else 1)]
-                task = asyncio.create_task(self._execute(key, items, alone, held[0]))
+                held = [self._idle.pop() for _ in range(self._instances if every_core else 1)]
+                task = asyncio.create_task(self._execute(key, items, lone, held[0]))
                 self._running.add(task)
                 task.add_done_callback(functools.partial(self._finished, held))
         finally:
@@ -259,7 +259,7 @@ class Scheduler:
                 self._observer.dropped(self.model.name, reason, len(items))
 
     async def _execute(
-        self, key: BucketKey, items: list[Pending], alone: bool, instance: int = 0
+        self, key: BucketKey, items: list[Pending], lone: bool, instance: int = 0
     ) -> None:
         sequences = [item.sequence for item in items]
         lengths = [len(s) for s in sequences]
@@ -280,12 +280,12 @@ class Scheduler:
                 "bucketserve.length": length,
                 "bucketserve.padded_tokens": rows * length - sum(lengths),
                 "bucketserve.instance": instance,
-                "bucketserve.alone": alone,
+                "bucketserve.alone": lone,  # (its name in traces users query: kept)
             }
         try:
             with self._tracing.batch(waits, traced):
                 outputs = await loop.run_in_executor(
-                    self._worker, self.model.run_batch, key, sequences, alone
+                    self._worker, self.model.run_batch, key, sequences, lone
                 )
         except Exception as exc:
             if len(items) > 1:  # the sequence that failed it may be one: each runs alone

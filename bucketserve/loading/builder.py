@@ -58,17 +58,17 @@ def load_tokenizer(path: Path, max_length: int) -> Tokenizer:
 
 def build_model(
     spec: ModelSpec,
-    strategy: str | None = None,
+    binding: str | None = None,
     cache_dir: Path | None = None,
     lone_batch_threads: int | None = None,
 ) -> Model:
     """Load `spec`: the file its sessions share, its layout, the invariance check and the
     policy it allows, the executor, then bind and warm the keys that the config asks for.
-    `strategy` overrides the config's mode and binding (tests, benchmarks); `cache_dir` is
+    `binding` overrides the config's mode and binding (tests, benchmarks); `cache_dir` is
     where session-per-key writes the weights its sessions share (default: the user's cache);
     `lone_batch_threads`: threads of the runner for a batch that runs alone (None: none)."""
     began = time.perf_counter()
-    wanted = strategy or (spec.config.binding if spec.config.mode == "bucketing" else "mutable")
+    wanted = binding or (spec.config.binding if spec.config.mode == "bucketing" else "mutable")
     cache = cache_dir or default_cache_dir()
     checked = _checked(spec, wanted, cache)
     rewrite: dict[str, Any] | None = None
@@ -111,7 +111,7 @@ def build_model(
         spec,
         layout,
         rules,
-        executor.strategy,
+        executor.binding,
         session.get_providers(),
         invariance,
         policy,
@@ -145,7 +145,7 @@ def build_model(
         "model %s v%d: %s, keys %s bound, providers %s; loaded in %.2f s (the check %.2f s)",
         spec.name,
         spec.version,
-        executor.strategy,
+        executor.binding,
         ", ".join(map(str, sorted(executor.bound_keys))),
         executor.providers,
         loaded_s,
@@ -167,10 +167,10 @@ class _Checked:
     seconds: float  # the check's
 
 
-def _checked(spec: ModelSpec, strategy: str, cache_dir: Path) -> _Checked:
+def _checked(spec: ModelSpec, binding: str, cache_dir: Path) -> _Checked:
     """The file `spec`'s sessions load, one session on it for load time, the layout found by
     running it, and the invariance check."""
-    static = strategy == "session-per-key"
+    static = binding == "session-per-key"
     graph = served_graph(spec, cache_dir, static)
     # One session for what load time runs (probes, the check). Session-per-key shares the
     # memmapped weights, so this one does too (no private copy); otherwise it is the session
@@ -195,7 +195,7 @@ def _checked(spec: ModelSpec, strategy: str, cache_dir: Path) -> _Checked:
 
 def lone_runner(
     spec: ModelSpec,
-    strategy: str,
+    binding: str,
     graph: GraphFile,
     layout: Layout,
     rules: SequenceRules,
@@ -203,13 +203,13 @@ def lone_runner(
     run: Run,
     threads: int,
 ) -> Executor | None:
-    """A second executor of `strategy`, on a session with `threads` of its own, for a batch
+    """A second executor of `binding`, on a session with `threads` of its own, for a batch
     that runs alone; None, and a warning, unless its answers stay within the model's tolerance
     of the load session's (a thread count may change how a kernel splits its sums)."""
     if not runs_on_cpu(list(graph.providers)) or not own_pools_allowed():
         return None
-    wide = create_session(graph, threads=threads)
-    difference = thread_difference(spec.name, run, functools.partial(run_all, wide), layout, rules)
+    lone = create_session(graph, threads=threads)
+    difference = thread_difference(spec.name, run, functools.partial(run_all, lone), layout, rules)
     if difference > spec.config.batching.tolerance:
         log.warning(
             "model %s: on %d threads its answers move by %.3g (tolerance %.3g): a batch that "
@@ -226,4 +226,4 @@ def lone_runner(
         threads,
         difference,
     )
-    return make_executor(strategy, graph, layout, plan, wide)
+    return make_executor(binding, graph, layout, plan, lone)

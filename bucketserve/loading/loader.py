@@ -84,7 +84,7 @@ class Loader:
     def build(self, spec: ModelSpec) -> Model:
         settings = self.settings
         return build_model(
-            apply_overrides(spec, settings), settings.strategy, settings.cache_dir, self.lone
+            apply_overrides(spec, settings), settings.binding, settings.cache_dir, self.lone
         )
 
     def released(self) -> None:

@@ -96,7 +96,7 @@ def served_config(
     spec: ModelSpec,
     layout: Layout,
     rules: SequenceRules,
-    strategy: str,
+    binding: str,
     providers: Sequence[str],
     invariance: Invariance,
     policy: Policy,
@@ -104,10 +104,10 @@ def served_config(
     single: str | None = None,
 ) -> dict[str, Any]:
     """The model's config.toml as served: fitted edges, overrides and everything found at load
-    (axes, per_step, policy, strategy) written in, and the check's figures beside it."""
+    (axes, per_step, policy, binding) written in, and the check's figures beside it."""
     config = spec.config.model_dump(mode="json", exclude_none=True)
-    config["mode"] = "mutable" if strategy == "mutable" else "bucketing"
-    config["binding"] = "shared-session" if strategy == "mutable" else strategy
+    config["mode"] = "mutable" if binding == "mutable" else "bucketing"
+    config["binding"] = "shared-session" if binding == "mutable" else binding
     config["batching"]["policy"] = policy.value
     for inp in layout.inputs:
         assert inp.tensor.batch_axis is not None  # (every input has one)
@@ -128,7 +128,7 @@ def served_config(
         **config,
         "name": spec.name,
         "version": str(spec.version),
-        "strategy": strategy,
+        "strategy": binding,  # (the effective binding, under the name clients read)
         "providers": list(providers),
         "check": {
             "padding": _figure(invariance.padding),

@@ -36,7 +36,7 @@ from bucketserve.runtime.weights import SharedWeights
 
 
 class Executor(ABC):
-    strategy: str
+    binding: str
 
     def __init__(
         self,
@@ -143,14 +143,14 @@ class _OneSessionExecutor(Executor):
 
 
 class SharedSessionExecutor(_OneSessionExecutor):
-    strategy = "shared-session"
+    binding = "shared-session"
 
     def _bind(self, key: BucketKey) -> BufferBinding:
         return BufferBinding(self._session, self.layout, [(key.rows, key.length)])
 
 
 class SessionPerKeyExecutor(Executor):
-    strategy = "session-per-key"
+    binding = "session-per-key"
 
     def __init__(
         self,
@@ -183,7 +183,7 @@ class SessionPerKeyExecutor(Executor):
 
 
 class MutableExecutor(_OneSessionExecutor):
-    strategy = "mutable"
+    binding = "mutable"
 
     def __init__(
         self,
@@ -203,18 +203,18 @@ class MutableExecutor(_OneSessionExecutor):
         return None  # every key shares the max-shape buffers
 
 
-STRATEGIES: dict[str, type[Executor]] = {
-    cls.strategy: cls for cls in (SharedSessionExecutor, SessionPerKeyExecutor, MutableExecutor)
+BINDINGS: dict[str, type[Executor]] = {
+    cls.binding: cls for cls in (SharedSessionExecutor, SessionPerKeyExecutor, MutableExecutor)
 }
 
 
 def make_executor(
-    strategy: str,
+    binding: str,
     graph: GraphFile,
     layout: Layout,
     plan: BucketPlan,
     session: ort.InferenceSession | None = None,
 ) -> Executor:
-    """The executor for `strategy`; `session` (one made at load over `graph`) is reused by the
+    """The executor for `binding`; `session` (one made at load over `graph`) is reused by the
     strategies that run everything on one session."""
-    return STRATEGIES[strategy](graph, layout, plan, session)
+    return BINDINGS[binding](graph, layout, plan, session)
