@@ -52,8 +52,8 @@ ENTRYPOINT ["locust", "-f", "loadtest/locustfile.py"]
 FROM runtime AS server
 RUN useradd --system --uid 10001 --no-create-home bucketserve
 USER 10001
-# The user has no home: a session-per-key model's shared weights are written under /tmp (in
-# Kubernetes, the pod's writable emptyDir).
+# The user has no home: the server's own copy of each model it serves is written under /tmp
+# (in Kubernetes, the pod's writable emptyDir).
 ENV BUCKETSERVE_MODELS=/app/models \
     BUCKETSERVE_CACHE_DIR=/tmp/bucketserve-cache \
     BUCKETSERVE_DEFAULT_MODEL=minilm \

@@ -21,6 +21,7 @@ from typing import Protocol
 
 from bucketserve.core.engine import Engine
 from bucketserve.core.model import Model
+from bucketserve.core.registry import check_name
 from bucketserve.errors import LoadFailed, ModelControlOff, Unavailable
 
 log = logging.getLogger(__name__)
@@ -59,7 +60,7 @@ class Control:
     async def load(self, name: str) -> None:
         """Load `name` from the repository, or replace what is served under it. A load that
         fails leaves what was served serving, and says why."""
-        loader = self._loader("load")
+        loader = self._loader("load", name)
         async with self._locks.setdefault(name, asyncio.Lock()):
             try:
                 loaded = await asyncio.to_thread(loader.load, name)
@@ -79,13 +80,15 @@ class Control:
     async def unload(self, name: str) -> None:
         """Serve `name` no more: new requests are refused (404), the ones it took are
         answered, then its versions are released."""
-        self._loader("unload")
+        self._loader("unload", name)
         async with self._locks.setdefault(name, asyncio.Lock()):
             removed = self.engine.registry.remove(name)
             await self._retire(removed)
             log.info("model %s unloaded", name)
 
-    def _loader(self, what: str) -> Loader:
+    def _loader(self, what: str, name: str) -> Loader:
+        """The loader, for a `what` (load, unload) of a well-formed `name`, or why not."""
+        check_name(name)
         if self.loader is None:
             raise ModelControlOff(
                 "model control is off: start the server with --model-control explicit (or poll)"
@@ -125,10 +128,13 @@ class Control:
 
     async def _follow(self) -> None:
         """The repository folder read every poll interval until the drain begins: a model
-        whose files changed (or that appeared) is loaded, one whose folder went is unloaded."""
+        whose files changed (or that appeared) is loaded once they have stayed as they are for
+        a whole interval (a copy still being written is not loaded half-done), one whose
+        folder went is unloaded."""
         loader = self.loader
         assert loader is not None, "poll without a loader"
         seen = {n: await asyncio.to_thread(loader.fingerprint, n) for n in loader.names()}
+        changed: dict[str, Hashable] = {}  # a model's files as last read, while they change
         lifecycle = self.engine.lifecycle
         while True:
             with contextlib.suppress(TimeoutError):
@@ -139,8 +145,12 @@ class Control:
             names = await asyncio.to_thread(loader.names)
             for name in names:
                 now = await asyncio.to_thread(loader.fingerprint, name)
-                if now != seen.get(name):
-                    seen[name] = now
+                if now == seen.get(name):
+                    changed.pop(name, None)
+                elif changed.get(name) != now:  # changing still (or just changed): wait
+                    changed[name] = now
+                else:  # changed, then still for an interval: load it
+                    seen[name] = changed.pop(name)
                     with contextlib.suppress(LoadFailed, Unavailable):  # (logged; old serves)
                         await self.load(name)
             for name in set(seen) - set(names):

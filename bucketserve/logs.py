@@ -1,6 +1,6 @@
-"""Logging setup: text for people, or JSON lines for log pipelines (`--log-json`); a throttle
-for what can repeat thousands of times a minute; and request ids, which every edge gives its
-requests."""
+"""Logging setup: text for people, or JSON lines for log pipelines (`--log-json`), a client's
+text escaped in either so that it cannot forge a line; a throttle for what can repeat
+thousands of times a minute; and request ids, which every edge gives its requests."""
 
 from __future__ import annotations
 
@@ -12,6 +12,23 @@ import uuid
 from collections.abc import Callable
 
 _SAFE_ID = re.compile(r"^[A-Za-z0-9._:/=+-]{1,128}$")
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def escaped(text: str) -> str:
+    """`text` with every control character written as its escape: a client's string with a
+    line break in it cannot start a log line of its own."""
+    return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+
+
+class TextLines(logging.Formatter):
+    """One line a record (its traceback aside), whatever the message holds."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802
+        record.message = escaped(record.message)
+        return super().formatMessage(record)
 
 
 class JsonLines(logging.Formatter):
@@ -31,9 +48,7 @@ class JsonLines(logging.Formatter):
 def configure(level: str = "info", as_json: bool = False) -> None:
     handler = logging.StreamHandler()
     handler.setFormatter(
-        JsonLines()
-        if as_json
-        else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+        JsonLines() if as_json else TextLines("%(asctime)s %(levelname)s %(name)s: %(message)s")
     )
     root = logging.getLogger()
     root.handlers[:] = [handler]

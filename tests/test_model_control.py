@@ -23,6 +23,7 @@ import pytest
 from bucketserve.control import Control, Loader
 from bucketserve.core.engine import Engine
 from bucketserve.core.model import Model
+from bucketserve.core.registry import Registry
 from bucketserve.errors import Unavailable
 from bucketserve.loading import load_engine
 from bucketserve.process.wiring import wire
@@ -30,6 +31,7 @@ from bucketserve.runtime.sessions import own_pools_allowed
 from bucketserve.settings import Settings
 from modelgen.graphs import encoder
 from modelgen.save import save_model
+from tests.fakes import fake_model
 from tests.helpers import serving
 
 NAME = "enc"
@@ -324,6 +326,42 @@ async def test_a_model_loaded_during_a_drain_admits_nothing(models: Path) -> Non
     assert list(late) == [2]
 
 
+class ScriptedLoader:
+    """A repository of one fake model whose files read as `script` says, poll after poll."""
+
+    def __init__(self, script: list[str]) -> None:
+        self.script = script
+        self.read: list[str] = []  # each fingerprint read, in order
+        self.loads_after: list[int] = []  # how many reads there had been at each load
+
+    def names(self) -> list[str]:
+        return ["fake"]
+
+    def fingerprint(self, name: str) -> Hashable:
+        self.read.append(self.script[min(len(self.read), len(self.script) - 1)])
+        return self.read[-1]
+
+    def load(self, name: str) -> dict[int, Model]:
+        self.loads_after.append(len(self.read))
+        return {1: fake_model()[0]}
+
+    def released(self) -> None:
+        pass
+
+
+async def test_poll_loads_files_only_once_they_stop_changing() -> None:
+    """Files read a, then b, c (being written), then c again: loaded once, at the first
+    read that found them as they were a whole interval before; never while they changed."""
+    loader = ScriptedLoader(["a", "b", "c", "c"])
+    engine = Engine(Registry({"fake": fake_model()[0]}))
+    control = Control(engine, loader, poll=True, interval_s=0.01)
+    async with serving(engine, control):
+        while len(loader.read) < 8:
+            await asyncio.sleep(0.01)
+    assert loader.read[:4] == ["a", "b", "c", "c"]
+    assert loader.loads_after == [4]  # after the second "c", and never again
+
+
 async def test_poll_stops_when_the_drain_begins(
     models: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -431,7 +469,7 @@ def test_tritonclient_reloads_a_model_ten_times_under_16_clients(tmp_path: Path)
 def test_pss_after_unloading_returns_to_before_loading(tmp_path: Path) -> None:
     """A model of ~20 MB of weights: the server's Pss with it unloaded, loaded and unloaded
     again (each read after a few requests, the heap trimmed by the release): the last within
-    8 MiB of the first, while loading it added its ~21 MB of weights and more."""
+    8 MiB of the first, while loading it added most of its weights."""
     grpcclient = pytest.importorskip("tritonclient.grpc")
     from loadtest.bench import pss_bytes
     from loadtest.process import free_port
@@ -468,5 +506,7 @@ def test_pss_after_unloading_returns_to_before_loading(tmp_path: Path) -> None:
     mib = 2**20
     shown = ", ".join(f"{n} {v / mib:.1f}" for n, v in (("unloaded", before), ("loaded", loaded)))
     print(f"Pss: {shown}, unloaded again {after / mib:.1f} MiB")
-    assert loaded - before > 20 * mib  # (its weights: 21 MB)
+    # (its weights, 21 MB, are mapped from the server's copy: only the pages it touched and
+    # what ONNX Runtime copied count, 16-18 MiB here; more than half of them, at least)
+    assert loaded - before > 10 * mib
     assert abs(after - before) < 8 * mib

@@ -109,10 +109,13 @@ def test_the_copy_is_written_once_and_only_into_the_cache(tmp_models: Path, tmp_
     assert again == first
     assert again.stat().st_mtime_ns == written  # read, not written again
     assert repository_files(folder) == before  # the user's repository untouched
-    assert [p.name for p in cache.iterdir()] == [first.parent.name]  # no scratch left behind
-    # One session per model needs no copy: it loads the user's file
+    # One session per model loads the server's plain copy (named by content, made once,
+    # from which the rewritten one was made): never the user's file, which may change
     shared = build_model(spec, "shared-session", cache).executor.graph.path  # type: ignore[attr-defined]
-    assert shared == spec.onnx_path
+    assert shared.is_relative_to(cache)
+    assert shared.read_bytes() == spec.onnx_path.read_bytes()
+    names = sorted(p.name for p in cache.iterdir())
+    assert names == sorted([first.parent.name, shared.parent.name])  # no scratch left behind
 
 
 def test_a_cache_that_cannot_be_written_says_how_to_fix_it(

@@ -3,20 +3,40 @@ of the repository. One entry per name, in one of three states: serving (its vers
 (it did not load at start, and why) or unloaded (by a client, through model control).
 
 Every edge asks it (readiness, metadata, the repository index); the engine resolves a call's
-model through it; model control changes it (`put`, `remove`). It holds no scheduler and starts
+model through it; model control changes it (`put`, `remove`), with names it has checked
+(`check_name`: what a model's name may be). It holds no scheduler and starts
 nothing: what runs is the engine's. Imports only the model and the errors below it.
 """
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
 from bucketserve.core.model import Model
-from bucketserve.errors import ModelNotFound, ModelNotReady, quoted
+from bucketserve.errors import MalformedRequest, ModelNotFound, ModelNotReady, quoted
 
 FAILED_RETRY_AFTER_S = 60  # a model that did not load stays so until the server restarts
+MAX_NAME_CHARS = 128
+NOT_IN_A_NAME = frozenset("/\\\0")  # separators (and NUL), on any system a repository may be on
+
+
+def check_name(name: str) -> str:
+    """`name` as a model's name: one folder of the repository (no separator, not `.` or `..`,
+    no control character, at most MAX_NAME_CHARS), or MalformedRequest. Checked before a
+    name reaches the filesystem (model control), whichever protocol brought it."""
+    shown = quoted(name)
+    if not name or len(name) > MAX_NAME_CHARS:
+        raise MalformedRequest(f"model name {shown}: 1 to {MAX_NAME_CHARS} characters")
+    if name in (".", "..") or NOT_IN_A_NAME & set(name):
+        raise MalformedRequest(
+            f"model name {shown}: a model's name is one folder of the repository, not a path"
+        )
+    if any(unicodedata.category(c) == "Cc" for c in name):
+        raise MalformedRequest(f"model name {shown}: no control characters")
+    return name
 
 
 class State(Enum):
@@ -114,10 +134,6 @@ class Registry:
         """Every version of every model served."""
         return [m for e in self._entries.values() for m in e.versions.values()]
 
-    def knows(self, name: str) -> bool:
-        """Whether `name` has an entry: served, failed, or unloaded."""
-        return name in self._entries
-
     def index(self) -> list[dict[str, str]]:
         """Every model of the repository and its state (Triton's repository index): each
         version served READY, those that did not load or were unloaded UNAVAILABLE with why."""
@@ -140,7 +156,10 @@ class Registry:
         return replaced
 
     def remove(self, name: str) -> list[Model]:
-        """Serve `name` no more (unloaded); the versions it served are returned."""
+        """Serve `name` no more (unloaded); the versions it served are returned. A name the
+        registry does not hold is ModelNotFound (and never enters the index)."""
+        if name not in self._entries:
+            raise ModelNotFound(f"unknown model {quoted(name)}: nothing to unload", param="model")
         removed = list(self.versions(name).values())
         self._entries[name] = Entry(State.UNLOADED, reason="unloaded")
         return removed

@@ -68,9 +68,9 @@ class Loader:
         """Every served version of `name`, built, checked and warm; LoadFailed says why not,
         with paths from the repository (a client reads it)."""
         try:
+            if name not in self.names():  # (one of its folders: never a path a client made)
+                raise ConfigError(f"no model {name!r} in the repository")
             folder = self.folder(name)
-            if not (folder / CONFIG_FILE).is_file():
-                raise ConfigError(f"{folder}: no model {name!r} in the repository")
             specs = load_model_specs(folder, name)
             if not specs:
                 raise ConfigError(f"{folder}: model {name} is not built")
@@ -82,10 +82,21 @@ class Loader:
         return {spec.version: self.build(spec) for spec in specs}
 
     def build(self, spec: ModelSpec) -> Model:
+        """One version, or ConfigError naming its file and why: anything but a ConfigError
+        is ONNX Runtime refusing the graph (or a bug), whose traceback goes to the log."""
         settings = self.settings
-        return build_model(
-            apply_overrides(spec, settings), settings.binding, settings.cache_dir, self.lone
-        )
+        try:
+            return build_model(
+                apply_overrides(spec, settings), settings.binding, settings.cache_dir, self.lone
+            )
+        except ConfigError:
+            raise
+        except Exception as exc:
+            log.error("model %s: loading raised", spec.name, exc_info=exc)
+            raise ConfigError(
+                f"{spec.onnx_path}: ONNX Runtime could not load or run the model: "
+                f"{type(exc).__name__}: {exc}"
+            ) from None
 
     def released(self) -> None:
         """A model was released: what its sessions held goes back to the system."""
@@ -159,13 +170,13 @@ def load_engine(
 
 def load_failure(name: str, exc: Exception) -> str:
     """What a model that did not load says, at start and under model control alike, logged
-    once here: a ConfigError's own words (file, field and fix); anything else is ONNX Runtime
-    refusing the graph (or a bug), whose traceback goes to the log."""
+    once here: a ConfigError's own words (file, field and fix: `Loader.build` words what
+    ONNX Runtime refused); anything else is a bug, whose traceback goes to the log."""
     if isinstance(exc, ConfigError):
         message = exc.message
     else:
         log.error("model %s: loading raised", name, exc_info=exc)
-        message = f"ONNX Runtime could not load or run the model: {type(exc).__name__}: {exc}"
+        message = f"loading failed: {type(exc).__name__}: {exc}"
     log.error("model %s did not load: %s", name, message)
     return message
 

@@ -1,6 +1,12 @@
-"""The ONNX file a model's sessions load, so that every export shares its weights.
+"""The ONNX file a model's sessions load: always the server's own copy, so that a file an
+operator changes, truncates or replaces in the repository changes nothing that is served (ONNX
+Runtime maps external weights from the file: a file that shrinks under a mapping kills the
+process, one rewritten in place changes the answers), and so that every export shares its
+weights.
 
-Only session-per-key has several sessions per model, and sessions share a weight only when it
+Every model's files are copied into a cache the server owns, named by what was copied; a load
+reads the repository once, then only its copy. Only session-per-key has several sessions per
+model, and sessions share a weight only when it
 comes from an external file that `runtime.weights` memory-maps. A weight kept inside
 model.onnx (most exporters write them so) is copied by every session that parses it, and a
 weight that graph optimisation folds (a Transpose on a Keras kernel) is folded by every
@@ -8,12 +14,13 @@ session into a copy of its own. So for session-per-key the model is written out 
 cache the server owns: weights held by Constant nodes made initializers, the inputs' unnamed
 batch and time dims named (static sessions fix them by name), foldable weights folded by ONNX
 Runtime's basic optimizer, and every weight in one aligned `.data` file. The cache is keyed by
-the files' content; the user's repository is never written. Other strategies run one session
-and load the user's file as it is.
+the files' content; the user's repository is never written. Other bindings run one session
+on the plain copy.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import os
@@ -81,13 +88,14 @@ def _anonymous(spec: ModelSpec) -> tuple[bool, bool]:
 
 
 def served_graph(spec: ModelSpec, cache_dir: Path, sessions_per_key: bool) -> GraphFile:
-    """What the model's sessions load: the file (the user's, or for session-per-key its copy
-    written once into `cache_dir`), the providers, and the names of the inputs' batch and
+    """What the model's sessions load: the server's copy in `cache_dir` (for session-per-key,
+    rewritten to share its weights), the providers, and the names of the inputs' batch and
     time dims."""
-    path = spec.onnx_path
+    path = private_copy(spec, cache_dir)
     names = spec.axes.batch_names, spec.axes.time_names
     if sessions_per_key:
-        path = cached(spec, cache_dir, content_key(spec), _write_copy)
+        copied = moved_to(spec, path)  # (rewritten from the copy: the repository may change)
+        path = cached(copied, cache_dir, content_key(copied), _write_copy)
         unnamed = _anonymous(spec)
         names = (
             names[0] + ((BATCH_NAME,) if unnamed[0] else ()),
@@ -120,6 +128,43 @@ def cached(
         ) from None
     log.info("model %s: its served copy written once, in %s", spec.name, folder)
     return target
+
+
+def private_copy(spec: ModelSpec, cache_dir: Path) -> Path:
+    """The model's files (the graph and its external weights) copied as they are into
+    `cache_dir`, named by the bytes that were copied (hashed from the copy, not the
+    repository, which may be changing meanwhile); an earlier identical copy is reused."""
+    source = spec.onnx_path.parent
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        scratch = Path(tempfile.mkdtemp(prefix=".copying-", dir=cache_dir))
+        digest = hashlib.sha256(FORMAT.encode())
+        for path in (spec.onnx_path, *spec.signature.external_files):
+            target = scratch / path.relative_to(source)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, target)
+            with open(target, "rb") as copied:
+                while chunk := copied.read(2**20):
+                    digest.update(chunk)
+        folder = cache_dir / f"{spec.name}-v{spec.version}-{digest.hexdigest()[:24]}"
+        try:
+            scratch.rename(folder)  # whole or not at all
+        except OSError:  # (an identical copy is there already: this load, or another process)
+            shutil.rmtree(scratch, ignore_errors=True)
+    except (OSError, ValueError) as exc:  # (ValueError: a weights file outside the folder)
+        raise ConfigError(
+            f"{cache_dir}: cannot write the server's copy of model {spec.name} ({exc}): set "
+            "--cache-dir (BUCKETSERVE_CACHE_DIR) to a writable folder"
+        ) from None
+    return folder / spec.onnx_path.name
+
+
+def moved_to(spec: ModelSpec, onnx_path: Path) -> ModelSpec:
+    """`spec` read from a copy of its files whose graph is at `onnx_path`."""
+    source = spec.onnx_path.parent
+    files = tuple(onnx_path.parent / f.relative_to(source) for f in spec.signature.external_files)
+    signature = dataclasses.replace(spec.signature, external_files=files)
+    return dataclasses.replace(spec, onnx_path=onnx_path, signature=signature)
 
 
 def content_key(spec: ModelSpec) -> str:
