@@ -161,6 +161,14 @@ class Settings:
             "docs extra); the OpenAPI document is always at /openapi.json"
         },
     )
+    openai_token_ids: bool = field(
+        default=False,
+        metadata={
+            "help": "read token ids sent to /v1/embeddings as the model's own ids, for a model "
+            "that takes text (by default refused: OpenAI's clients send ids of OpenAI's own "
+            "tokenizer, which another model would read as other tokens)"
+        },
+    )
     api_key: str | None = field(
         default=None,
         repr=False,  # (never in a log line or a traceback)

@@ -149,3 +149,13 @@ def server_process(
         url,
     ):
         yield process, url, log_path
+
+
+def error_of(answer: httpx.Response | dict[str, Any]) -> tuple[str, str]:
+    """(code, message) of an error answer, in whichever form its route answers errors: KServe
+    v2's (`{"error": message, "code": code}`) or the one error form (OpenAI's adds to it)."""
+    body = answer.json() if isinstance(answer, httpx.Response) else answer
+    error = body["error"]
+    if isinstance(error, str):
+        return body["code"], error
+    return error["code"], error["message"]

@@ -14,7 +14,7 @@ from bucketserve.core.engine import Engine
 from bucketserve.core.registry import Registry
 from bucketserve.settings import Settings
 from tests.fakes import FakeExecutor, fake_model
-from tests.helpers import serving
+from tests.helpers import error_of, serving
 
 
 def gated_engine(queue_capacity: int = 2048, **settings: object) -> tuple[Engine, FakeExecutor]:
@@ -51,7 +51,7 @@ async def test_full_queue_gets_503_with_retry_after_and_admitted_requests_succee
         assert time.monotonic() - started < 2  # refused at once, not after a wait
         for response in refused:
             assert response.status_code == 503
-            assert response.json()["error"]["code"] == "unavailable"
+            assert error_of(response)[0] == "unavailable"
             assert int(response.headers["retry-after"]) >= 1
 
         log.gate.set()
@@ -84,7 +84,7 @@ async def test_deadline_gives_504_and_the_request_is_never_computed() -> None:
         metrics = (await client.get("/metrics")).text
 
     assert short.status_code == longer.status_code == 504
-    assert short.json()["error"]["code"] == "deadline_exceeded"
+    assert error_of(short)[0] == "deadline_exceeded"
     assert 0.09 < short_s < 2
     assert 0.29 < long_s < 2
     assert [lengths for _, lengths in log.batches] == [[3]]  # 40 and 90 were never computed
@@ -140,4 +140,4 @@ async def test_text_meeting_a_full_queue_is_refused_before_it_is_tokenised() -> 
         executor.gate.set()
         assert [(await r).status_code for r in (running, queued)] == [200, 200]
     assert refused.status_code == 503
-    assert refused.json()["error"]["code"] == "unavailable"
+    assert error_of(refused)[0] == "unavailable"

@@ -15,7 +15,7 @@ from bucketserve.loading import build_model
 from bucketserve.loading.check import random_sequences
 from modelgen.graphs import IR_VERSION, OPSET
 from modelgen.save import save_model
-from tests.helpers import make_engine, serving, spec_of
+from tests.helpers import error_of, make_engine, serving, spec_of
 from tests.zoo import BATCHING, ZOO, add_to
 
 
@@ -86,7 +86,7 @@ async def test_a_sequence_shorter_than_the_model_takes_is_refused_by_name(
         body = {"model": "raw-audio", "sequences": [c.tolist() for c in clips]}
         response = await client.post("/predict", json=body)
     assert response.status_code == 422
-    assert response.json()["error"]["message"] == (
+    assert error_of(response)[1] == (
         "sequence 1: length 300 is shorter than the model takes (at least 720 steps)"
     )
 

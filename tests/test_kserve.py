@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 import yaml
 
@@ -170,6 +171,20 @@ def test_the_runtime_command_serves_what_the_initializer_leaves(
         answer = httpx.post(f"{url}/v2/models/{served}/infer", json=body)
         assert answer.status_code == 200, answer.text
         assert answer.json()["model_name"] == served
+        # KServe's own client, as a transformer or a graph in front of the runtime calls it
+        # (its body repeats model_name), JSON and binary: the same numbers
+        client = subprocess.run(
+            [sys.executable, "-m", "tests.kserve_client", url, served],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert client.returncode == 0, client.stderr[-3000:]
+        expected = {o["name"]: o["data"] for o in answer.json()["outputs"]}
+        for outputs in json.loads(client.stdout):
+            for name, data in expected.items():
+                np.testing.assert_allclose(np.ravel(outputs[name]), data, rtol=1e-6)
         index = httpx.post(f"{url}/v2/repository/index").json()
         expected = ["encoder-isvc"] if layout == "one model" else ["tiny-encoder", "tiny-lstm"]
         assert [m["name"] for m in index] == expected

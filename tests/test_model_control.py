@@ -32,7 +32,7 @@ from bucketserve.settings import Settings
 from modelgen.graphs import encoder
 from modelgen.save import save_model
 from tests.fakes import fake_model
-from tests.helpers import serving
+from tests.helpers import error_of, serving
 
 NAME = "enc"
 CONFIG = """
@@ -124,7 +124,7 @@ async def test_off_by_default(models: Path) -> None:
     async with serving(engine) as client:
         refused = await client.post(f"/v2/repository/models/{NAME}/load")
     assert refused.status_code == 403
-    assert "--model-control explicit" in refused.json()["error"]["message"]
+    assert "--model-control explicit" in error_of(refused)[1]
 
 
 async def test_reloads_under_traffic_lose_nothing_and_answer_exactly(
@@ -188,7 +188,7 @@ async def test_a_failed_load_leaves_the_old_serving(
     (models / NAME / "2" / "model.onnx").write_bytes(b"not an onnx file")
     refused = await client.post(f"/v2/repository/models/{NAME}/load")
     assert refused.status_code == 400
-    message = refused.json()["error"]["message"]
+    message = error_of(refused)[1]
     assert "what was served keeps serving" in message
     version, embedding = await ask(client, 0)
     assert version == "1"
@@ -225,7 +225,7 @@ async def test_unload_then_load_again(
     assert (await client.post(f"/v2/repository/models/{NAME}/unload")).status_code == 200
     gone = await client.post(f"/v2/models/{NAME}/infer", json=infer_body(0))
     assert gone.status_code == 404
-    assert "unloaded" in gone.json()["error"]["message"]
+    assert "unloaded" in error_of(gone)[1]
     index = (await client.post("/v2/repository/index")).json()
     assert index == [{"name": NAME, "state": "UNAVAILABLE", "reason": "unloaded"}]
     assert not engine.running_models  # released: nothing of it runs
@@ -317,10 +317,10 @@ async def test_a_model_loaded_during_a_drain_admits_nothing(models: Path) -> Non
         assert engine.schedulers[NAME].admitted == 0
 
     assert dropped.status_code == 503, dropped.text
-    assert "draining" in dropped.json()["error"]["message"]
+    assert "draining" in error_of(dropped)[1]
     for response in (refused, unload, infer):
         assert response.status_code == 503, response.text
-        assert "draining" in response.json()["error"]["message"]
+        assert "draining" in error_of(response)[1]
     assert ready.status_code == 503
     assert index == [{"name": NAME, "version": "1", "state": "READY"}]  # nothing switched
     assert list(late) == [2]

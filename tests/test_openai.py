@@ -262,3 +262,34 @@ async def test_minilm_embeddings_equal_predict_and_the_model_alone(
     for got, want, ids in zip(answer.data, expected, model.encode(batch), strict=True):
         np.testing.assert_allclose(decoded(got), want["sentence_embedding"], atol=1e-6)
         np.testing.assert_allclose(decoded(got), reference(ids)["sentence_embedding"], atol=1e-5)
+
+
+async def test_token_ids_for_a_model_that_takes_text_are_refused_with_the_fix(
+    served: Any, models: Path
+) -> None:
+    """LangChain's OpenAIEmbeddings, by default, tokenises with OpenAI's tokenizer and sends
+    those ids: a text model would read them as other tokens and answer 200 with a wrong
+    vector. So ids for a model with a tokenizer are refused, naming the fix; a model without
+    one takes ids (the only thing it takes), and `--openai-token-ids` says the ids are the
+    model's own."""
+    _, client, _ = served
+    langchain = {"model": ST, "input": [[15339, 1917]], "encoding_format": "base64"}
+    refused = await client.post("/v1/embeddings", json=langchain)
+    assert refused.status_code == 422, refused.text
+    error = refused.json()["error"]
+    assert error["param"] == "input"
+    assert "check_embedding_ctx_length=False" in error["message"]
+    assert "--openai-token-ids" in error["message"]
+    text_to_ids = await client.post("/v1/embeddings", json={"model": "tiny-encoder", "input": "hi"})
+    assert "takes token ids (or features), not text" in text_to_ids.json()["error"]["message"]
+
+    engine = load_engine(Settings(models=models, openai_token_ids=True))
+    async with serving(engine) as own:
+        model = engine.model(ST)
+        tokens = [int(t) for t in model.encode(["a short text"])[0]]
+        answer = await own.post("/v1/embeddings", json={"model": ST, "input": [tokens]})
+        by_text = await own.post("/v1/embeddings", json={"model": ST, "input": "a short text"})
+    assert answer.status_code == 200, answer.text
+    np.testing.assert_allclose(
+        answer.json()["data"][0]["embedding"], by_text.json()["data"][0]["embedding"], atol=1e-6
+    )

@@ -15,7 +15,7 @@ from bucketserve.errors import ConfigError
 from bucketserve.loading import load_engine
 from bucketserve.settings import Settings
 from modelgen.save import save_model
-from tests.helpers import MODELS, copy_bundled, serving
+from tests.helpers import MODELS, copy_bundled, error_of, serving
 
 
 def unknown_op() -> onnx.ModelProto:
@@ -116,8 +116,8 @@ async def test_a_partial_repository_serves_the_rest_and_says_what_failed(
     assert config.json()["error"] == engine.registry.failed["bad-field"]
     for response in (metadata, predict, infer):
         assert response.status_code == 503
-        assert response.json()["error"]["code"] == "model_not_ready"
-        assert "Frobnicate" in response.json()["error"]["message"]
+        assert error_of(response)[0] == "model_not_ready"
+        assert "Frobnicate" in error_of(response)[1]
     assert [(m["name"], m["state"]) for m in index] == [
         ("bad-field", "UNAVAILABLE"),
         ("bad-graph", "UNAVAILABLE"),

@@ -19,6 +19,7 @@ from tests.zoo import add_to
 pytestmark = pytest.mark.slow  # the full tier: real server processes
 
 httpclient = pytest.importorskip("tritonclient.http")
+InferenceServerException = pytest.importorskip("tritonclient.utils").InferenceServerException
 
 
 @pytest.fixture(scope="module")
@@ -154,3 +155,24 @@ def test_maskless_model_takes_different_lengths_in_one_request(
         np.testing.assert_allclose(steps[row, : len(seq)], alone, atol=1e-5)
         np.testing.assert_allclose(steps[row, : len(seq)], want[output], atol=1e-6)
         assert not steps[row, len(seq) :].any()
+
+
+def test_tritonclient_reads_every_error_message(server: tuple[str, Path]) -> None:
+    """KServe v2's error form is `{"error": "<message>"}`: tritonclient raises it as an
+    exception whose message (and `str`) says what was wrong, for a bad tensor, an unknown
+    model and a refused load alike."""
+    url, _ = server
+    client = httpclient.InferenceServerClient(url=url.removeprefix("http://"))
+    ids = httpclient.InferInput("input_ids", [1, 3], "INT64")
+    ids.set_data_from_numpy(np.array([[5, 9, 99999]], np.int64))
+    cases = [
+        (lambda: client.infer("tiny-encoder", [ids]), "token ids must lie in [0, 2000)"),
+        (lambda: client.get_model_metadata("no-such-model"), "unknown model 'no-such-model'"),
+        (lambda: client.load_model("tiny-encoder"), "model control is off"),
+    ]
+    for call, says in cases:
+        with pytest.raises(InferenceServerException) as raised:
+            call()
+        assert says in raised.value.message()
+        assert says in str(raised.value)
+    client.close()

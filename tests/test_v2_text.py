@@ -19,7 +19,7 @@ from bucketserve.loading import load_engine
 from bucketserve.loading.importer import import_model
 from bucketserve.settings import Settings
 from tests.exports import texts, write_export
-from tests.helpers import copy_bundled, serving
+from tests.helpers import copy_bundled, error_of, serving
 
 TEXTS = [*texts(5, seed=9), "héllo wörld ✓", "word " * 300]  # (the last one is truncated)
 INFER = "/v2/models/st/infer"
@@ -117,10 +117,10 @@ async def test_the_same_errors_as_predict(client: httpx.AsyncClient) -> None:
     empty = await client.post(INFER, json={"inputs": [text_tensor(["fine", ""])]})
     on_predict = await client.post("/predict", json={"model": "st", "text": ["fine", ""]})
     assert empty.status_code == on_predict.status_code == 422
-    assert empty.json() == on_predict.json()
+    assert error_of(empty) == error_of(on_predict)  # (each in its protocol's form)
     bad = await binary_infer(client, length_prefixed([b"ok", b"\xff\xfe"]), [2])
     assert bad.status_code == 400  # as a body that is not UTF-8 is on /predict
-    assert "element 1 is not valid UTF-8" in bad.json()["error"]["message"]
+    assert "element 1 is not valid UTF-8" in error_of(bad)[1]
     not_json = await client.post(
         "/predict", content=b'{"text": ["\xff"]}', headers={"content-type": "application/json"}
     )
@@ -153,17 +153,17 @@ async def test_refused_text_tensors(
 ) -> None:
     response = await client.post(INFER, json={"inputs": inputs})
     assert response.status_code == 422, response.text
-    assert says in response.json()["error"]["message"]
+    assert says in error_of(response)[1]
 
 
 async def test_broken_framing_and_a_model_without_tokenizer(client: httpx.AsyncClient) -> None:
     short = await binary_infer(client, struct.pack("<I", 10) + b"abc", [1])
     assert short.status_code == 400
-    assert "runs past the end" in short.json()["error"]["message"]
+    assert "runs past the end" in error_of(short)[1]
     cut = await binary_infer(client, length_prefixed([b"ok"]) + b"\x01", [2])
     assert cut.status_code == 400
     ids_only = await client.post(
         "/v2/models/tiny-encoder/infer", json={"inputs": [text_tensor(["hello"])]}
     )
     assert ids_only.status_code == 422
-    assert "has no tokenizer: send input_ids" in ids_only.json()["error"]["message"]
+    assert "has no tokenizer: send input_ids" in error_of(ids_only)[1]

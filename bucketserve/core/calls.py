@@ -47,12 +47,24 @@ class Inputs(Protocol):
         """The validated sequences for `model`, in order, or InvalidInput saying what is wrong."""
 
 
+# Why a text model refuses token ids a client may have made with another tokenizer.
+FOREIGN_IDS = (
+    "model {name} takes text: send the texts, not token ids. OpenAI's clients send ids "
+    "of OpenAI's own tokenizer (LangChain's OpenAIEmbeddings does by default; pass "
+    "check_embedding_ctx_length=False), which this model would read as other tokens. If "
+    "your ids are this model's own, start the server with --openai-token-ids"
+)
+
+
 @dataclass(frozen=True)
 class Sequences:
-    """Items as sent: token id lists, or per-step feature vectors (time first)."""
+    """Items as sent: token id lists, or per-step feature vectors (time first). `own_ids`:
+    whether a client's token ids are known to be the model's own; when not (OpenAI's
+    protocol, whose ids are its tokenizer's), a model that takes text refuses them."""
 
     items: Sequence[Any]
     wire_bytes: int = 0  # what they took on the wire: the cost of decoding them
+    own_ids: bool = True
 
     def count(self, model: Model) -> int:
         return len(self.items)
@@ -62,6 +74,8 @@ class Sequences:
         return self.wire_bytes >= OFF_LOOP_BYTES
 
     def sequences(self, model: Model) -> list[np.ndarray]:
+        if not self.own_ids and model.tokenizer is not None:
+            raise InvalidInput(FOREIGN_IDS.format(name=model.name), param="input")
         return [model.validate(item, i) for i, item in enumerate(self.items)]
 
 

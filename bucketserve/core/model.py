@@ -170,7 +170,9 @@ class Model:
     def encode(self, texts: Sequence[str]) -> list[np.ndarray]:
         """Texts -> token id sequences, for models whose config names a tokenizer."""
         if self.tokenizer is None:
-            raise InvalidInput(f"model {self.name} has no tokenizer: send 'sequences'")
+            raise InvalidInput(
+                f"model {self.name} has no tokenizer: it takes token ids (or features), not text"
+            )
         chars = self.info.text_chars
         encodings = self.tokenizer.encode_batch([t[:chars] for t in texts])
         return [np.asarray(e.ids, dtype=self.info.rules.dtype) for e in encodings]

@@ -19,7 +19,7 @@ from bucketserve.edges.http.common import parse_json
 from bucketserve.edges.http.schemas import InferRequest, InputTensor, validate
 from bucketserve.edges.kserve import V2Request, timeout_ms
 from bucketserve.edges.tensors import DATATYPE_OF, WireTensor
-from bucketserve.errors import InvalidInput, MalformedRequest
+from bucketserve.errors import InvalidInput, MalformedRequest, quoted
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,14 @@ def decode_request(
     if json_length is not None:
         head, binary = body[:json_length], memoryview(body)[json_length:]
     request: InferRequest = validate(InferRequest, parse_json(head), "infer request")
+    named = request.model_name  # (KServe's clients repeat the path's model in the body)
+    if named not in (None, model):
+        raise MalformedRequest(f"model_name {quoted(named)} is not the path's {quoted(model)}")
+    if request.model_version and version not in (None, request.model_version):
+        raise MalformedRequest(
+            f"model_version {quoted(request.model_version)} is not the path's {quoted(version)}"
+        )
+    version = version or request.model_version or None
     inputs = []
     offset = 0
     for spec in request.inputs:

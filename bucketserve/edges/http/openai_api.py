@@ -135,15 +135,18 @@ def blamed(param: str) -> Iterator[None]:
         raise
 
 
-def inputs_of(given: str | list[str] | list[int] | list[list[int]], wire_bytes: int) -> Inputs:
-    """The body's `input` as the core's inputs: texts, or token id sequences."""
+def inputs_of(
+    given: str | list[str] | list[int] | list[list[int]], wire_bytes: int, own_ids: bool
+) -> Inputs:
+    """The body's `input` as the core's inputs: texts, or token id sequences (`own_ids`:
+    whether the server was told a client's ids are the model's own, not OpenAI's)."""
     if isinstance(given, str):
         return Texts([given])
     if isinstance(given[0], str):
         return Texts(given)
     if isinstance(given[0], int):
-        return Sequences([given], wire_bytes)
-    return Sequences(given, wire_bytes)
+        return Sequences([given], wire_bytes, own_ids)
+    return Sequences(given, wire_bytes, own_ids)
 
 
 def encoded(vector: np.ndarray, encoding: str) -> str | np.ndarray:
@@ -167,7 +170,7 @@ async def embeddings(request: Request) -> Response:
     raw = await read_body(request, engine.settings.max_body_bytes)
     body = await off_loop(parse_embeddings, raw)
     call = Call(
-        inputs_of(body.input, len(raw)),
+        inputs_of(body.input, len(raw), engine.settings.openai_token_ids),
         body.model,
         timeout_ms=request_timeout_ms(request),
         request_id=request_id(request),

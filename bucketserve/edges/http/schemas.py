@@ -101,6 +101,12 @@ class InferRequest(_Strict):
     """A KServe v2 inference request's JSON (the binary tensor extension's header)."""
 
     id: str | None = Field(None, max_length=256)
+    model_name: str | None = Field(
+        None, max_length=256, description="as KServe's clients send it: the path's model"
+    )
+    model_version: str | None = Field(
+        None, max_length=32, description="as KServe's clients send it: the path's version"
+    )
     inputs: list[InputTensor] = Field(min_length=1, max_length=16)
     outputs: list[RequestedOutput] | None = Field(None, max_length=16)
     parameters: RequestParameters | None = None
