@@ -223,6 +223,11 @@ class Settings:
         ):
             if getattr(self, name) <= 0 and not (name == "port" and self.port == 0):
                 raise ConfigError(f"{name}: must be positive, got {getattr(self, name)}")
+        if self.api_key is not None and not self.api_key.strip():
+            raise ConfigError(
+                "api_key: empty: an empty key would leave every route open; unset "
+                f"{env_name('api_key')} to run without a key, or set one"
+            )
         for name in ("instances", "intra_op_threads", "lone_batch_threads"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ConfigError(f"{name}: must be at least 1, got {getattr(self, name)}")

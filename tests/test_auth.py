@@ -181,7 +181,9 @@ async def test_the_openai_sdk_sends_its_key(client: httpx.AsyncClient) -> None:
 
 @pytest.mark.slow
 def test_both_protocols_of_a_server_process(tmp_path: Path, models: Path) -> None:
+    grpc = pytest.importorskip("grpc")
     grpcclient = pytest.importorskip("tritonclient.grpc")
+    grpc_service = pytest.importorskip("tritonclient.grpc.service_pb2")
     httpclient = pytest.importorskip("tritonclient.http")
     from tritonclient.utils import InferenceServerException
 
@@ -203,6 +205,19 @@ def test_both_protocols_of_a_server_process(tmp_path: Path, models: Path) -> Non
             "tiny-encoder", headers={"authorization": f"Bearer {KEY}"}
         )
         assert grpc_meta.name == "tiny-encoder"
+        # (An upper-case metadata name never leaves the client: gRPC's own library refuses it,
+        # INTERNAL "Illegal header key", before a byte is sent. Nothing a server can change.)
+        channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        metadata_of = channel.unary_unary(
+            "/inference.GRPCInferenceService/ModelMetadata",
+            request_serializer=lambda m: m.SerializeToString(),
+            response_deserializer=lambda b: b,
+        )
+        two = [("authorization", "Bearer wrong"), ("authorization", f"Bearer {KEY}")]
+        with pytest.raises(grpc.RpcError) as twice:
+            metadata_of(grpc_service.ModelMetadataRequest(name="tiny-encoder"), metadata=two)
+        assert twice.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        channel.close()
 
         http_client = httpclient.InferenceServerClient(url.removeprefix("http://"))
         assert http_client.is_server_ready()
@@ -214,3 +229,26 @@ def test_both_protocols_of_a_server_process(tmp_path: Path, models: Path) -> Non
         http_client.close()  # (the server's drain waits for a client's idle connections)
         grpc_client.close()
     assert KEY not in log.read_text()
+
+
+async def test_two_authorization_headers_are_refused(client: httpx.AsyncClient) -> None:
+    """A wrong key then a valid one (or the valid one twice): refused, whichever a proxy in
+    front would have read."""
+    for first in ("Bearer wrong", f"Bearer {KEY}"):
+        headers = [("Authorization", first), ("Authorization", f"Bearer {KEY}")]
+        refused = await client.get("/v2/models/tiny-encoder", headers=headers)
+        assert refused.status_code == 401
+        assert "2 authorizations sent" in error_of(refused)[1]
+
+
+def test_an_empty_key_refuses_to_start() -> None:
+    """BUCKETSERVE_API_KEY="" would otherwise leave every route open, silently."""
+    for given in ({"BUCKETSERVE_API_KEY": ""}, {"BUCKETSERVE_API_KEY": "  "}):
+        with pytest.raises(ConfigError, match="api_key: empty"):
+            Settings.from_env(given)
+
+
+async def test_an_open_route_says_nothing_of_the_models(client: httpx.AsyncClient) -> None:
+    unknown = await client.get("/v2/models/no-such-model/ready")
+    assert unknown.status_code == 404
+    assert "tiny-encoder" not in unknown.text

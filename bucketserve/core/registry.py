@@ -86,9 +86,10 @@ class Registry:
         if name is None:
             raise ModelNotFound("no model named, and the repository has no default model")
         entry = self._entries.get(name)
-        if entry is None:
+        if entry is None:  # (never a list of the others: readiness routes answer anyone)
             raise ModelNotFound(
-                f"unknown model {quoted(name)} (have {sorted(self.models)})", param="model"
+                f"unknown model {quoted(name)} (the repository index lists those served)",
+                param="model",
             )
         if entry.state is State.UNLOADED:
             raise ModelNotFound(f"model {name} is not loaded (it was unloaded)", param="model")

@@ -38,11 +38,15 @@ class ApiKeys:
             self.open_metrics and path == METRICS_PATH
         )
 
-    def check(self, authorization: str | None) -> None:
-        """Unauthorized unless `authorization` is `Bearer <one of the keys>`."""
+    def check(self, authorizations: Sequence[str]) -> None:
+        """Unauthorized unless the request carries exactly one authorization (header, or
+        metadata entry), and it is `Bearer <one of the keys>`: with two, a proxy and the
+        server could each read another."""
         if not self._keys:
             return
-        scheme, _, token = (authorization or "").partition(" ")
+        if len(authorizations) > 1:
+            raise Unauthorized(f"{len(authorizations)} authorizations sent: send one")
+        scheme, _, token = (authorizations[0] if authorizations else "").partition(" ")
         given = token.strip().encode("latin-1", "replace")
         # Every key compared, each in constant time: the answer's timing depends on neither
         # which key matched nor how much of one did.

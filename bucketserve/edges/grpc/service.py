@@ -180,17 +180,23 @@ class InferenceService:
 
         async def call(requests: AsyncIterator[bytes], context: Context) -> Message:
             self.last_call = asyncio.get_running_loop().time()
-            metadata = {k: v for k, v in context.invocation_metadata() or () if isinstance(v, str)}
-            with self.engine.tracing.request(route, metadata) as span:
-                return await answer(requests, context, metadata, span)
+            # (names compared as HTTP/2 compares them: case does not matter)
+            entries = [
+                (k.lower(), v) for k, v in context.invocation_metadata() or () if isinstance(v, str)
+            ]
+            with self.engine.tracing.request(route, dict(entries)) as span:
+                return await answer(requests, context, entries, span)
 
         async def answer(
-            requests: AsyncIterator[bytes], context: Context, metadata: dict[str, str], span: Any
+            requests: AsyncIterator[bytes],
+            context: Context,
+            entries: list[tuple[str, str]],
+            span: Any,
         ) -> Message:
             start, status = time.perf_counter(), 200
             try:
                 if method not in OPEN_METHODS:
-                    self.keys.check(metadata.get(AUTHORIZATION))
+                    self.keys.check([v for k, v in entries if k == AUTHORIZATION])
                 return await handler(parsed(kind, await one_message(requests)), context)
             except asyncio.CancelledError:
                 status = CLIENT_CLOSED  # the client cancelled, or its deadline passed

@@ -22,9 +22,9 @@ class RequireKey:
         if scope["type"] != "http" or self.keys.open_path(scope["path"]):
             await self.app(scope, receive, send)
             return
-        authorization = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
+        given = [v.decode("latin-1") for k, v in scope["headers"] if k == b"authorization"]
         try:
-            self.keys.check(authorization)
+            self.keys.check(given)
         except Unauthorized as refused:
             self.failures.settle(refused, f"{scope['method']} {scope['path']}")
             body = error_body(refused, scope["path"])
