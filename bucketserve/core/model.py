@@ -68,6 +68,9 @@ class SequenceRules:
         """One sequence as sent (`time_first`: already time first, a v2 tensor's row) -> a
         time-first array, or InvalidInput saying what is wrong with it."""
         where = f"sequence {index}"
+        rank = 1 if self.vocab_size is not None else 1 + len(self.step_shape)
+        if nesting(item, rank + 1) > rank:  # (before numpy walks millions of nested lists)
+            raise InvalidInput(f"{where}: nested deeper than {self.shape_as_sent}")
         try:
             array = np.asarray(item)
         except (ValueError, TypeError):
@@ -116,6 +119,15 @@ class SequenceRules:
                     f"model reads it as padding): ids {list(self.reserved_ids)} cannot appear "
                     "inside a sequence"
                 )
+
+
+def nesting(item: Any, most: int) -> int:
+    """How deep lists nest at the front of `item` (its first element's, and so on), up to
+    `most`: what numpy would make its rank, read in a few steps."""
+    depth = 0
+    while isinstance(item, list) and item and depth < most:
+        item, depth = item[0], depth + 1
+    return depth
 
 
 @dataclass(frozen=True)

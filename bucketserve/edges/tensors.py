@@ -14,6 +14,7 @@ from typing import Any, Literal, get_args
 import numpy as np
 
 from bucketserve.core.layout import Tensor
+from bucketserve.core.model import nesting
 from bucketserve.errors import InvalidInput, MalformedRequest, quoted
 
 Datatype = Literal[
@@ -124,8 +125,11 @@ def tensor_array(wire: WireTensor, expected: Tensor | None) -> np.ndarray:
                 f"({count * dtype.itemsize} bytes)"
             )
         return np.frombuffer(wire.raw, dtype.newbyteorder("<")).reshape(shape)
+    given = wire.values
+    if nesting(given, len(shape) + 1) > len(shape):  # (before numpy walks millions of lists)
+        raise InvalidInput(f"input {name}: 'data' nests deeper than shape {list(shape)}")
     try:
-        values = np.asarray(wire.values)
+        values = np.asarray(given)
     except (ValueError, TypeError):
         raise InvalidInput(f"input {name}: 'data' is not a rectangular array") from None
     if values.size != count:

@@ -56,19 +56,19 @@ def header_length(value: str | None, body_size: int) -> int | None:
 
 
 def decode_request(
-    body: bytes, json_length: int | None, model: str, version: str | None
+    body: bytes, json_length: int | None, model: str, version: str | None, steps: int = 0
 ) -> Decoded:
     """A v2 request body (JSON, or a JSON header and binary tensors) as a `V2Request`; every
     tensor byte accounted for."""
     head, binary = body, memoryview(b"")
     if json_length is not None:
         head, binary = body[:json_length], memoryview(body)[json_length:]
-    request: InferRequest = validate(InferRequest, parse_json(head), "infer request")
+    request: InferRequest = validate(InferRequest, parse_json(head, steps), "infer request")
     named = request.model_name  # (KServe's clients repeat the path's model in the body)
-    if named not in (None, model):
-        raise MalformedRequest(f"model_name {quoted(named)} is not the path's {quoted(model)}")
+    if named and named != model:
+        raise InvalidInput(f"model_name {quoted(named)} is not the path's {quoted(model)}")
     if request.model_version and version not in (None, request.model_version):
-        raise MalformedRequest(
+        raise InvalidInput(
             f"model_version {quoted(request.model_version)} is not the path's {quoted(version)}"
         )
     version = version or request.model_version or None

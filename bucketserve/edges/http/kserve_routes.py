@@ -40,8 +40,8 @@ from bucketserve.edges.http.schemas import (
     ModelReady,
     Ready,
     ServerMetadata,
-    errors,
     inlined,
+    v2_errors,
 )
 from bucketserve.edges.kserve import (
     LOAD_PARAMETERS,
@@ -132,7 +132,7 @@ async def server_metadata(request: Request) -> Response:
     "",
     summary="Model metadata",
     response_model=ModelMetadata,
-    responses=errors(404, 422, 503),
+    responses=v2_errors(404, 422, 503),
 )
 async def model_metadata(request: Request, name: str, version: str | None) -> Response:
     model = _model(request, name, version)
@@ -144,7 +144,7 @@ async def model_metadata(request: Request, name: str, version: str | None) -> Re
     "/config",
     summary="Model configuration, as served",
     response_model=dict[str, Any],
-    responses=errors(404, 422),
+    responses=v2_errors(404, 422),
 )
 async def model_config(request: Request, name: str, version: str | None) -> Response:
     """The model's config.toml with fitted edges, overrides and what load found applied
@@ -162,7 +162,7 @@ async def model_config(request: Request, name: str, version: str | None) -> Resp
     summary="Model readiness",
     response_model=ModelReady,
     responses={
-        **errors(404, 422),
+        **v2_errors(404, 422),
         503: {"model": ModelReady, "description": "draining, or it did not load (with why)"},
     },
 )
@@ -190,7 +190,7 @@ async def repository_index(request: Request) -> Response:
     "/repository/models/{name}/load",
     summary="Load a model, or replace it, while serving (--model-control explicit or poll)",
     response_model=dict[str, Any],
-    responses=errors(400, 403, 413, 415),
+    responses=v2_errors(400, 403, 413, 415),
 )
 async def repository_load(request: Request, name: str) -> Response:
     """Every version the model's config serves, built and checked beside what is served,
@@ -205,7 +205,7 @@ async def repository_load(request: Request, name: str) -> Response:
     "/repository/models/{name}/unload",
     summary="Unload a model while serving (--model-control explicit or poll)",
     response_model=dict[str, Any],
-    responses=errors(400, 403, 413, 415),
+    responses=v2_errors(400, 403, 413, 415),
 )
 async def repository_unload(request: Request, name: str) -> Response:
     await _parameters(request, allowed=UNLOAD_PARAMETERS)
@@ -245,7 +245,7 @@ INFER_CONTRACT = {
     response_model=InferResponse,
     responses={
         200: {"content": {BINARY: BINARY_BODY}, "description": "outputs (JSON, or binary)"},
-        **errors(400, 404, 413, 415, 422, 503, 504),
+        **v2_errors(400, 404, 413, 415, 422, 503, 504),
     },
     openapi_extra=INFER_CONTRACT,
 )
@@ -254,7 +254,8 @@ async def infer(request: Request, name: str, version: str | None) -> Response:
     body = await read_body(request, engine.settings.max_body_bytes, (JSON, BINARY))
     binary = media_type(request) != JSON  # (a JSON body is JSON whole, whatever a header says)
     json_length = header_length(request.headers.get(HEADER_LENGTH), len(body)) if binary else None
-    decoded = await off_loop(decode_request, body, json_length, name, version)
+    steps = engine.settings.max_request_tokens
+    decoded = await off_loop(decode_request, body, json_length, name, version, steps)
     work = kserve.infer(engine, decoded.request, request_id(request), [request_timeout_ms(request)])
     answer, tensors = await unless_client_leaves(request, work)
     model = answer.model

@@ -111,10 +111,55 @@ def openai_errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return {status: {"model": OpenAIError, "description": WHY[status]} for status in statuses}
 
 
-def parse_embeddings(raw: bytes) -> EmbeddingsBody:
+INPUT_FORMS = "a string, a list of strings, a list of token ids, or a list of such lists"
+
+
+def _integer(value: Any) -> bool:
+    """An integer as the schema takes one: not a bool; a float only without a fraction."""
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+
+
+def check_input(given: Any) -> None:
+    """`input`'s form, checked by hand before the schema's union sees it: at a cost bounded by
+    its size, stopping at the first element out of place. (Refusing a list of 200,000 nulls,
+    the union would describe every element against every form: seconds of a core and
+    hundreds of MiB.) MalformedRequest names what is wrong, and where."""
+    if isinstance(given, str):
+        return
+    if not isinstance(given, list) or not given:
+        raise MalformedRequest(f"input: expected {INPUT_FORMS}", param="input")
+    first = given[0]
+    if isinstance(first, str):
+        kind, fits = "a string", _string
+    elif _integer(first):
+        kind, fits = "a token id", _integer
+    elif isinstance(first, list):
+        kind, fits = "a non-empty list of token ids", _ids
+    else:
+        raise MalformedRequest(f"input[0]: expected {INPUT_FORMS}", param="input")
+    wrong = next((i for i, item in enumerate(given) if not fits(item)), None)
+    if wrong is not None:
+        like = f" (as input[0] is {kind})" if wrong else ""
+        raise MalformedRequest(f"input[{wrong}]: expected {kind}{like}", param="input")
+
+
+def _string(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+def _ids(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(map(_integer, value))
+
+
+def parse_embeddings(raw: bytes, steps: int = 0) -> EmbeddingsBody:
     """The body, every mistake of its form a 400 naming the field (`param`)."""
+    body = parse_json(raw, steps)
+    if isinstance(body, dict) and "input" in body:
+        check_input(body["input"])
     try:
-        return EmbeddingsBody.model_validate(parse_json(raw))
+        return EmbeddingsBody.model_validate(body)
     except ValidationError as exc:
         first = exc.errors()[0]
         field = str(first["loc"][0])[:32] if first["loc"] else None
@@ -168,7 +213,7 @@ def encoded(vector: np.ndarray, encoding: str) -> str | np.ndarray:
 async def embeddings(request: Request) -> Response:
     engine = engine_of(request)
     raw = await read_body(request, engine.settings.max_body_bytes)
-    body = await off_loop(parse_embeddings, raw)
+    body = await off_loop(parse_embeddings, raw, engine.settings.max_request_tokens)
     call = Call(
         inputs_of(body.input, len(raw), engine.settings.openai_token_ids),
         body.model,

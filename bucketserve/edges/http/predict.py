@@ -60,10 +60,10 @@ class PredictResponse(BaseModel):
     outputs: list[dict[str, Any]] = Field(description="one per input sequence, in order")
 
 
-def parse_predict(raw: bytes) -> tuple[str | None, Inputs, tuple[str, ...] | None]:
+def parse_predict(raw: bytes, steps: int) -> tuple[str | None, Inputs, tuple[str, ...] | None]:
     """The body's model, inputs and outputs, every mistake of its form named before the core
     takes it (what the model makes of them, the core decides)."""
-    body = parse_json(raw)
+    body = parse_json(raw, steps)
     if not isinstance(body, dict):
         raise MalformedRequest("body must be a JSON object")
     unknown = set(body) - FIELDS
@@ -110,7 +110,8 @@ def parse_predict(raw: bytes) -> tuple[str | None, Inputs, tuple[str, ...] | Non
 async def predict(request: Request) -> Response:
     engine = engine_of(request)
     raw = await read_body(request, engine.settings.max_body_bytes)
-    name, inputs, outputs = await off_loop(parse_predict, raw)
+    steps = engine.settings.max_request_tokens
+    name, inputs, outputs = await off_loop(parse_predict, raw, steps)
     call = Call(inputs, name, None, outputs, request_timeout_ms(request), request_id(request))
     answer = await unless_client_leaves(request, engine.infer(call))
     return json_response({"model": answer.model.name, "outputs": answer.outputs})

@@ -43,9 +43,17 @@ class ErrorDetail(BaseModel):
 
 
 class ErrorBody(BaseModel):
-    """Every error answer, whatever the route and status."""
+    """Every error answer, whatever the status, but on KServe v2's and OpenAI's routes."""
 
     error: ErrorDetail
+
+
+class V2ErrorBody(BaseModel):
+    """An error on KServe v2's routes, in the protocol's own form (which tritonclient and
+    KServe's clients read), with our code beside the message."""
+
+    error: str = Field(description="what is wrong, for people")
+    code: str = Field(description="stable machine-readable name, e.g. invalid_input")
 
 
 # -- KServe v2 ------------------------------------------------------------------------------
@@ -186,6 +194,11 @@ WHY = {
 def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     """OpenAPI `responses` for these error statuses, all in the one error form."""
     return {status: {"model": ErrorBody, "description": WHY[status]} for status in statuses}
+
+
+def v2_errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` for these error statuses, in KServe v2's error form."""
+    return {status: {"model": V2ErrorBody, "description": WHY[status]} for status in statuses}
 
 
 def inlined(schema: type[BaseModel]) -> dict[str, Any]:

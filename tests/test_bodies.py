@@ -1,0 +1,59 @@
+"""Bodies parsed within bounds, whatever their shape: a body of millions of small lists is
+refused before a list is made; brackets inside texts are text; the largest bodies the
+server's limits allow are parsed; and `/v1/embeddings`' input is checked by hand, stopping at
+the first element out of place, before the schema's union (which would describe every
+element against every form) sees it. The costs are measured by `loadtest.costly_bodies`."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from bucketserve.edges.http.common import parse_json
+from bucketserve.edges.http.openai_api import check_input
+from bucketserve.errors import MalformedRequest
+
+STEPS = 65_536  # the default --max-request-tokens
+
+
+def test_millions_of_small_lists_are_refused_before_they_are_made() -> None:
+    body = orjson.dumps({"sequences": [[[[1]]] * 200_000]})  # 1 MB, 400,000 lists
+    with pytest.raises(MalformedRequest, match=r"the body holds 400002 lists, more than"):
+        parse_json(body, STEPS)
+
+
+def test_brackets_inside_texts_are_text() -> None:
+    body = orjson.dumps({"text": ["[[[[" * 50_000, "x[]" * 30_000]})
+    assert len(parse_json(body, STEPS)["text"][0]) == 200_000
+
+
+def test_the_largest_bodies_the_limits_allow_are_parsed() -> None:
+    steps = orjson.dumps({"sequences": [[[0.25]] * STEPS]})  # a [T, 1] feature sequence
+    assert len(parse_json(steps, STEPS)["sequences"][0]) == STEPS
+    frames = orjson.dumps({"sequences": [[[0.5] * 80] * 1000] * 8})  # [T, 80] frames
+    assert len(parse_json(frames, STEPS)["sequences"]) == 8
+
+
+@pytest.mark.parametrize(
+    ("given", "says"),
+    [
+        ([None] * 200_000, "input[0]: expected a string, a list of strings"),
+        ([[1, 2], [3], None], "input[2]: expected a non-empty list of token ids (as input[0]"),
+        ([[1, 2], []], "input[1]: expected a non-empty list of token ids"),
+        ([1, 2, 2.5], "input[2]: expected a token id (as input[0] is a token id)"),
+        (["a", 1], "input[1]: expected a string (as input[0] is a string)"),
+        ([True], "input[0]: expected a string, a list of strings"),
+        ([], "input: expected a string"),
+        ({"a": 1}, "input: expected a string"),
+    ],
+)
+def test_openai_input_is_checked_by_hand(given: object, says: str) -> None:
+    with pytest.raises(MalformedRequest) as refused:
+        check_input(given)
+    assert says in refused.value.message
+    assert refused.value.param == "input"
+
+
+@pytest.mark.parametrize("given", ["text", ["a", "b"], [1, 2, 3.0], [[1], [2, 3]]])
+def test_every_form_openai_documents_passes(given: object) -> None:
+    check_input(given)
