@@ -6,7 +6,8 @@ import contextlib
 import functools
 import shutil
 import subprocess
-from collections.abc import AsyncIterator, Iterator
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -159,3 +160,12 @@ def error_of(answer: httpx.Response | dict[str, Any]) -> tuple[str, str]:
     if isinstance(error, str):
         return body["code"], error
     return error["code"], error["message"]
+
+
+def until(condition: Callable[[], bool], what: str, within_s: float = 120) -> None:
+    """Wait (polling, in a thread of the test's own) until `condition` holds: for what the
+    test needs to have happened, never for how fast; `within_s` only bounds a hang."""
+    deadline = time.monotonic() + within_s
+    while not condition():
+        assert time.monotonic() < deadline, f"never happened: {what}"
+        time.sleep(0.01)

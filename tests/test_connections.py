@@ -24,7 +24,7 @@ import httpx
 import pytest
 
 from bucketserve.edges.http.connections import MAX_HEAD_BYTES
-from tests.helpers import copy_bundled, error_of, server_process
+from tests.helpers import copy_bundled, error_of, server_process, until
 
 pytestmark = pytest.mark.slow  # the full tier: real server processes
 
@@ -320,7 +320,7 @@ def test_a_drain_under_keep_alive_clients_resets_nothing(models: Path) -> None:
         threads = [threading.Thread(target=client, args=(url, i)) for i in range(32)]
         for t in threads:
             t.start()
-        time.sleep(1.5)
+        until(lambda: outcomes["200"] > 20, "20 answers before the drain")  # (however busy)
         served_before = outcomes["200"]
         process.send_signal(signal.SIGTERM)
         time.sleep(1.0)  # clients keep posting into the drain

@@ -120,6 +120,7 @@ def test_dockerfile_lints_clean() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # (above its own 1500 s: fresh environments on a busy machine)
 def test_image_steps_serve_minilm_from_fresh_environments(tmp_path: Path) -> None:
     """deploy/image/smoke.py: build stage, runtime install, CMD, HEALTHCHECK, requests, stop."""
     smoke = subprocess.run(

@@ -149,14 +149,19 @@ async def test_reloads_under_traffic_lose_nothing_and_answer_exactly(
             turn += 1
 
     senders = [asyncio.create_task(sender(i)) for i in range(16)]
-    await asyncio.sleep(0.2)
+
+    async def answered_by(version: str) -> None:  # (however busy the machine)
+        while not any(a.version == version for a in answers):
+            await asyncio.sleep(0.01)
+
+    await answered_by("1")
     for version in range(2, 6):
         write_version(models, version)
         loaded[str(version)] = time.monotonic()
         response = await client.post(f"/v2/repository/models/{NAME}/load")
         assert response.status_code == 200, response.text
         replaced[str(version - 1)] = time.monotonic()
-        await asyncio.sleep(0.2)
+        await answered_by(str(version))
     stop.set()
     await asyncio.gather(*senders)
 

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from bucketserve.process.cli import lengths_from_metrics
-from tests.helpers import copy_bundled, server_process
+from tests.helpers import copy_bundled, server_process, until
 
 pytestmark = pytest.mark.slow  # the full tier: real server processes
 
@@ -78,7 +78,7 @@ def test_sigterm_under_load_loses_no_admitted_request(models: Path) -> None:
         threads = [threading.Thread(target=client, args=(url, i * 7)) for i in range(8)]
         for t in threads:
             t.start()
-        time.sleep(1.5)
+        until(lambda: outcomes["200"] > 20, "20 answers before the drain")  # (however busy)
         served_before = outcomes["200"]
         process.send_signal(signal.SIGTERM)
         exit_code = process.wait(30)
@@ -143,3 +143,25 @@ def test_a_model_that_fails_to_load_stops_the_server_unless_partial(models: Path
         ready = httpx.get(f"{url}/v2/models/broken/ready")
         assert ready.status_code == 503
         assert "inputs.attention_mask.role" in ready.json()["error"]
+
+
+def test_ctrl_c_stops_cleanly_while_loading_and_while_serving(models: Path) -> None:
+    """Ctrl-C (SIGINT) while serving ends the server at once and cleanly (exit 0); while the
+    models are loading it ends it with 130, as a shell expects, and no traceback either way."""
+    with server_process(models) as (process, _url, log_path):
+        process.send_signal(signal.SIGINT)
+        assert process.wait(30) == 0
+    assert "Traceback" not in log_path.read_text()
+    assert "ERROR" not in log_path.read_text()
+    with subprocess.Popen(
+        [sys.executable, "-m", "bucketserve", "serve", "--models", str(models), "--port", "0"],
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as loading:
+        assert loading.stderr is not None
+        for line in loading.stderr:  # (interrupted once loading has begun)
+            if "bucketserve.loading" in line:
+                break
+        loading.send_signal(signal.SIGINT)
+        assert loading.wait(60) in (0, 130)  # (0: it had started serving when the signal came)
+        assert "Traceback" not in loading.stderr.read()

@@ -132,3 +132,19 @@ def test_a_partial_repository_with_nothing_that_loads_stops(repository: Path) ->
     (repository / "repository.toml").unlink()
     with pytest.raises(ConfigError, match="no model loaded"):
         load_engine(Settings(models=repository, allow_partial=True))
+
+
+async def test_a_model_not_built_yet_says_how_to_build_it(tmp_models: Path) -> None:
+    """minilm is built on demand: asked for before that, it is a 404 that names the command,
+    and the index lists it as not built."""
+    copy_bundled(tmp_models, "tiny-encoder")
+    (tmp_models / "minilm").mkdir()
+    shutil.copy(MODELS / "minilm" / "config.toml", tmp_models / "minilm" / "config.toml")
+    engine = load_engine(Settings(models=tmp_models, default_model="tiny-encoder"))
+    async with serving(engine) as client:
+        asked = await client.post("/predict", json={"model": "minilm", "text": ["a text"]})
+        index = (await client.post("/v2/repository/index")).json()
+    assert asked.status_code == 404
+    assert "`bucketserve models build minilm`" in error_of(asked)[1]
+    assert {"name": "minilm", "state": "UNAVAILABLE"}.items() <= index[0].items()
+    assert "not built" in index[0]["reason"]

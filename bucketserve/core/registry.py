@@ -43,6 +43,7 @@ class State(Enum):
     SERVING = "serving"
     FAILED = "failed"  # at start: it stays so until the server restarts
     UNLOADED = "unloaded"
+    UNBUILT = "unbuilt"  # an on-demand model (minilm) whose files are not built yet
 
 
 @dataclass(frozen=True)
@@ -65,12 +66,18 @@ class Registry:
         models: Mapping[str, Model | Mapping[int, Model]],
         default_model: str | None = None,
         failed: Mapping[str, str] | None = None,
+        unbuilt: Mapping[str, str] | None = None,
     ) -> None:
         """`models`: each name's model, or its versions by number. `failed`: models of the
-        repository that did not load, and why (reported, never served). `default_model`: the
-        model of a request that names none."""
+        repository that did not load, and why (reported, never served). `unbuilt`: on-demand
+        models not built yet, and the recipe that builds each. `default_model`: the model of a
+        request that names none."""
         self.default_model = default_model
         self._entries: dict[str, Entry] = {
+            name: Entry(State.UNBUILT, reason=f"not built: `bucketserve models build {recipe}`")
+            for name, recipe in (unbuilt or {}).items()
+        }
+        self._entries |= {
             name: Entry(State.FAILED, reason=why) for name, why in (failed or {}).items()
         }
         for name, given in models.items():
@@ -93,6 +100,12 @@ class Registry:
             )
         if entry.state is State.UNLOADED:
             raise ModelNotFound(f"model {name} is not loaded (it was unloaded)", param="model")
+        if entry.state is State.UNBUILT:
+            raise ModelNotFound(
+                f"model {name} is {entry.reason} builds it, then restart (or load it, with "
+                "--model-control)",
+                param="model",
+            )
         if entry.state is State.FAILED:
             raise ModelNotReady(
                 f"model {name} did not load: {entry.reason}",

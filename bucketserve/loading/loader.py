@@ -154,7 +154,8 @@ def open_repository(settings: Settings) -> Opened:
     if not versions:
         raise ConfigError(f"{settings.models}: no model loaded ({'; '.join(failed.values())})")
     shown = {name: for_clients(error, settings.models) for name, error in failed.items()}
-    return Opened(Registry(versions, repository.default_model, shown), loader, instances)
+    registry = Registry(versions, repository.default_model, shown, repository.unbuilt)
+    return Opened(registry, loader, instances)
 
 
 def load_engine(

@@ -45,6 +45,7 @@ class Repository:
     models: dict[str, list[ModelSpec]]  # every version served, oldest first
     default_model: str | None
     failed: dict[str, ConfigError] = field(default_factory=dict)  # model -> why it did not load
+    unbuilt: dict[str, str] = field(default_factory=dict)  # model -> the recipe that builds it
 
 
 PARTIAL_HINT = "to serve the other models meanwhile, start with --allow-partial"
@@ -183,6 +184,7 @@ def load_repository(
         log.warning("%s is a repository of models: each is served under its folder's name", root)
     models: dict[str, list[ModelSpec]] = {}
     failed: dict[str, ConfigError] = {}
+    unbuilt: dict[str, str] = {}
     folders = model_folders(root)
     for model_dir in folders:
         try:
@@ -192,6 +194,8 @@ def load_repository(
             continue
         if specs:
             models[model_dir.name] = specs
+        else:  # (an on-demand model not built yet: said when it is asked for)
+            unbuilt[model_dir.name] = load_model_config(model_dir / CONFIG_FILE).build or ""
     if failed and not partial:
         raise not_loaded({name: exc.message for name, exc in failed.items()}, len(folders))
     if not models and not failed:
@@ -212,4 +216,4 @@ def load_repository(
         raise ConfigError(
             f"{source}: '{default_model}' is not a servable model (have {sorted(models)})"
         )
-    return Repository(root, models, default_model, failed)
+    return Repository(root, models, default_model, failed, unbuilt)

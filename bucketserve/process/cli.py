@@ -104,7 +104,13 @@ def _models_build(args: argparse.Namespace) -> int:
     from modelgen.build import build
 
     for name in args.names:
-        path = build(name, args.models)
+        try:
+            path = build(name, args.models)
+        except ModuleNotFoundError as missing:  # (torch, transformers: the export extra)
+            raise ConfigError(
+                f"models build {name} needs {missing.name}, of the export extra: "
+                "pip install -e '.[export]' (torch's CPU build)"
+            ) from None
         print(f"built {name} in {path}")
     return 0
 
@@ -246,6 +252,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         log.error("%s", exc)
         return 2
+    except KeyboardInterrupt:  # (Ctrl-C before serving began: loading, building)
+        log.info("interrupted")
+        return 130
 
 
 if __name__ == "__main__":
