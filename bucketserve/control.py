@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Hashable
 from typing import Protocol
@@ -56,11 +57,28 @@ class Control:
         self.interval_s = interval_s
         self._locks: dict[str, asyncio.Lock] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._loads: dict[str, asyncio.Task[None]] = {}  # the load under way, by model
 
     async def load(self, name: str) -> None:
         """Load `name` from the repository, or replace what is served under it. A load that
-        fails leaves what was served serving, and says why."""
+        fails leaves what was served serving, and says why. One load of a model runs at a
+        time: asked for while one is under way, the caller waits for that one and gets its
+        outcome; a caller that leaves (cancelled, past its deadline) leaves the load to finish
+        once, rather than a build per caller piling up in threads that cannot be stopped."""
         loader = self._loader("load", name)
+        running = self._loads.get(name)
+        if running is None:
+            running = asyncio.create_task(self._load(loader, name), name=f"load-{name}")
+            self._loads[name] = running
+            running.add_done_callback(functools.partial(self._loaded, name))
+        await asyncio.shield(running)
+
+    def _loaded(self, name: str, task: asyncio.Task[None]) -> None:
+        del self._loads[name]
+        if not task.cancelled():
+            task.exception()  # (said to every caller that waited; none may be left)
+
+    async def _load(self, loader: Loader, name: str) -> None:
         async with self._locks.setdefault(name, asyncio.Lock()):
             try:
                 loaded = await asyncio.to_thread(loader.load, name)
@@ -120,8 +138,8 @@ class Control:
             task.add_done_callback(self._tasks.discard)
 
     async def stop(self) -> None:
-        """The poller stopped, and models still retiring left as they are."""
-        tasks = list(self._tasks)
+        """The poller stopped; loads under way and models still retiring left as they are."""
+        tasks = [*self._tasks, *self._loads.values()]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

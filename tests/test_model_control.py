@@ -274,6 +274,7 @@ class GatedLoader:
         self.loader = loader
         self.built = threading.Event()
         self.gate = threading.Event()
+        self.calls = 0
 
     def names(self) -> list[str]:
         return self.loader.names()
@@ -285,6 +286,7 @@ class GatedLoader:
         self.loader.released()
 
     def load(self, name: str) -> dict[int, Model]:
+        self.calls += 1
         loaded = self.loader.load(name)
         self.built.set()
         assert self.gate.wait(30), "the test never opened the gate"
@@ -329,6 +331,28 @@ async def test_a_model_loaded_during_a_drain_admits_nothing(models: Path) -> Non
     assert ready.status_code == 503
     assert index == [{"name": NAME, "version": "1", "state": "READY"}]  # nothing switched
     assert list(late) == [2]
+
+
+async def test_loads_asked_for_at_once_build_once_whoever_leaves(models: Path) -> None:
+    """Ten loads of one model at once, half of their callers gone (cancelled, as a client
+    past its deadline is) while it builds: one build, its outcome for those who stayed, and
+    the model switched once."""
+    wired = wire(Settings(models=models, model_control="explicit"))
+    engine = wired.engine
+    gated = GatedLoader(wired.control.loader)  # type: ignore[arg-type]
+    control = Control(engine, gated)
+    async with serving(engine, control):
+        write_version(models, 2)
+        callers = [asyncio.create_task(control.load(NAME)) for _ in range(10)]
+        await asyncio.to_thread(gated.built.wait, 30)
+        for caller in callers[:5]:
+            caller.cancel()
+        gated.gate.set()
+        outcomes = await asyncio.gather(*callers, return_exceptions=True)
+        served = list(engine.registry.versions(NAME))
+    assert gated.calls == 1
+    assert [type(o).__name__ for o in outcomes] == ["CancelledError"] * 5 + ["NoneType"] * 5
+    assert served == [2]
 
 
 class ScriptedLoader:
