@@ -17,7 +17,8 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import Hashable
+from collections import Counter
+from collections.abc import AsyncIterator, Hashable
 from typing import Protocol
 
 from bucketserve.core.engine import Engine
@@ -55,7 +56,8 @@ class Control:
         self.loader = loader
         self.poll = poll and loader is not None
         self.interval_s = interval_s
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._locks: dict[str, asyncio.Lock] = {}  # by model, while in use
+        self._users: Counter[str] = Counter()  # of each lock: holding it, or waiting
         self._tasks: set[asyncio.Task[None]] = set()
         self._loads: dict[str, asyncio.Task[None]] = {}  # the load under way, by model
 
@@ -79,7 +81,7 @@ class Control:
             task.exception()  # (said to every caller that waited; none may be left)
 
     async def _load(self, loader: Loader, name: str) -> None:
-        async with self._locks.setdefault(name, asyncio.Lock()):
+        async with self._exclusive(name):
             try:
                 loaded = await asyncio.to_thread(loader.load, name)
             except LoadFailed as failed:
@@ -99,10 +101,24 @@ class Control:
         """Serve `name` no more: new requests are refused (404), the ones it took are
         answered, then its versions are released."""
         self._loader("unload", name)
-        async with self._locks.setdefault(name, asyncio.Lock()):
+        async with self._exclusive(name):
             removed = self.engine.registry.remove(name)
             await self._retire(removed)
             log.info("model %s unloaded", name)
+
+    @contextlib.asynccontextmanager
+    async def _exclusive(self, name: str) -> AsyncIterator[None]:
+        """A model's loads and unloads one at a time; its lock kept only while in use (names
+        a client made up leave nothing behind)."""
+        lock = self._locks.setdefault(name, asyncio.Lock())
+        self._users[name] += 1
+        try:
+            async with lock:
+                yield
+        finally:
+            self._users[name] -= 1
+            if not self._users[name]:
+                del self._locks[name], self._users[name]
 
     def _loader(self, what: str, name: str) -> Loader:
         """The loader, for a `what` (load, unload) of a well-formed `name`, or why not."""
