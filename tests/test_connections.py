@@ -77,15 +77,25 @@ def test_slow_and_silent_clients_are_cut_off(models: Path) -> None:
     assert "ERROR" not in log_path.read_text()
 
 
-def test_a_request_uvicorn_cannot_parse_gets_the_error_form(models: Path) -> None:
+def test_a_request_uvicorn_cannot_parse_gets_its_routes_error_form(models: Path) -> None:
+    """A refusal by the connection layer comes in the error form of the route the request
+    named: ours, OpenAI's on /v1 (its SDKs read `type`), KServe v2's on /v2 (a string)."""
+    forms = {}
     with server_process(models) as (_, url, _log):
-        sock = connect(url)
-        sock.sendall(b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Length: \xb2\r\n\r\n")
-        _, answer = closed_at(sock)
-    head, _, body = answer.partition(b"\r\n\r\n")
-    assert head.startswith(b"HTTP/1.1 400")
-    assert b"content-type: application/json" in head.lower()
-    assert error_of(json.loads(body))[0] == "malformed"
+        for path in ("/predict", "/v1/embeddings", "/v2/models/tiny-encoder/infer"):
+            sock = connect(url)
+            sock.sendall(
+                b"POST " + path.encode() + b" HTTP/1.1\r\nHost: x\r\nContent-Length: \xb2\r\n\r\n"
+            )
+            _, answer = closed_at(sock)
+            head, _, body = answer.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 400")
+            assert b"content-type: application/json" in head.lower()
+            assert error_of(json.loads(body))[0] == "malformed"
+            forms[path] = json.loads(body)["error"]
+    assert set(forms["/predict"]) == {"code", "message"}
+    assert forms["/v1/embeddings"]["type"] == "invalid_request_error"
+    assert isinstance(forms["/v2/models/tiny-encoder/infer"], str)
 
 
 def test_a_head_past_the_limit_gets_431_and_one_within_it_is_served(models: Path) -> None:

@@ -43,13 +43,13 @@ import httptools
 import orjson
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from bucketserve.edges.http.common import error_body
 from bucketserve.errors import (
     BucketserveError,
     HeadersTooLarge,
     MalformedRequest,
     Unavailable,
     UriTooLong,
-    error_form,
 )
 from bucketserve.logs import Throttled
 
@@ -75,8 +75,9 @@ class _Refused(Exception):
 
 
 async def _over_capacity(scope: Any, receive: Any, send: Any) -> None:
-    """The answer on a connection past the cap: 503 in the error form, then closed."""
-    body = orjson.dumps(error_form(Unavailable.code, "too many open connections; retry later"))
+    """The answer on a connection past the cap: 503 in its route's error form, then closed."""
+    refused = Unavailable("too many open connections; retry later")
+    body = orjson.dumps(error_body(refused, scope["path"]))
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),
@@ -91,10 +92,12 @@ def _head_too_large() -> HeadersTooLarge:
     return HeadersTooLarge(f"a request's head may hold {MAX_HEAD_BYTES} bytes")
 
 
-def _closing_answer(error: BucketserveError) -> bytes:
-    """A whole response in the error form, with Connection: close, for a request that never
-    reached the application."""
-    body = orjson.dumps(error_form(error.code, error.message))
+def _closing_answer(error: BucketserveError, target: bytes) -> bytes:
+    """A whole response in the error form of the route `target` names (as far as it was read:
+    none, for a request line that did not parse), with Connection: close, for a request that
+    never reached the application."""
+    path = target.split(b"?", 1)[0].decode("latin-1")
+    body = orjson.dumps(error_body(error, path))
     head = (
         f"HTTP/1.1 {error.status} {http.HTTPStatus(error.status).phrase}\r\n"
         "content-type: application/json\r\n"
@@ -285,7 +288,7 @@ def guarded_protocol(
             assert self._refusal is not None
             if self._raw.is_closing():
                 return
-            self.transport.write(_closing_answer(self._refusal))
+            self.transport.write(_closing_answer(self._refusal, getattr(self, "url", b"")))
             self.linger()
 
         def client_may_send(self) -> bool:
