@@ -11,14 +11,34 @@ request path: `loading` turns a model repository into ready models (checked, bou
 import contracts in pyproject.toml hold it.
 
 `load_engine("models")` is the Python entry point: its `model(name).predict(...)` answers.
+The names below are imported when first used, so that the command (a container's health probe
+among its uses) starts without ONNX Runtime.
 """
 
-from importlib.metadata import version
+from __future__ import annotations
 
-from bucketserve.core.engine import Engine
-from bucketserve.core.model import Model
-from bucketserve.errors import BucketserveError
-from bucketserve.loading import load_engine
+import importlib
+from importlib.metadata import version
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from bucketserve.core.engine import Engine
+    from bucketserve.core.model import Model
+    from bucketserve.errors import BucketserveError
+    from bucketserve.loading import load_engine
 
 __all__ = ["BucketserveError", "Engine", "Model", "load_engine"]
 __version__ = version("bucketserve")  # pyproject.toml's
+
+_HOMES = {
+    "BucketserveError": "bucketserve.errors",
+    "Engine": "bucketserve.core.engine",
+    "Model": "bucketserve.core.model",
+    "load_engine": "bucketserve.loading",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(f"module 'bucketserve' has no attribute {name!r}")
+    return getattr(importlib.import_module(_HOMES[name]), name)

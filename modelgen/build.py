@@ -1,19 +1,25 @@
-"""`bucketserve models build NAME`: make a bundled model's files in its version folder."""
+"""`bucketserve models build NAME`: make a bundled model's files in its version folder.
+
+The recipes import what they build with when they run: the command reads their names on every
+start (a container's health probe among its uses), which need not import ONNX."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
 
-from modelgen import graphs
-from modelgen.save import save_model
-
 
 def _tiny_encoder(version_dir: Path) -> None:
+    from modelgen import graphs
+    from modelgen.save import save_model
+
     save_model(graphs.encoder(), version_dir / "model.onnx")
 
 
 def _tiny_lstm(version_dir: Path) -> None:
+    from modelgen import graphs
+    from modelgen.save import save_model
+
     save_model(graphs.lstm_tagger(), version_dir / "model.onnx")
 
 
