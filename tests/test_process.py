@@ -153,11 +153,16 @@ def test_ctrl_c_stops_cleanly_while_loading_and_while_serving(models: Path) -> N
         assert process.wait(30) == 0
     assert "Traceback" not in log_path.read_text()
     assert "ERROR" not in log_path.read_text()
-    with subprocess.Popen(
-        [sys.executable, "-m", "bucketserve", "serve", "--models", str(models), "--port", "0"],
-        stderr=subprocess.PIPE,
-        text=True,
-    ) as loading:
+    # As from a terminal: SIGINT at Python's default, whatever the suite's own process was
+    # started with (a background job's children ignore SIGINT, and keep ignoring it).
+    command = [
+        sys.executable,
+        "-c",
+        "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        "from bucketserve.process.cli import main; sys.exit(main(sys.argv[1:]))",
+        *("serve", "--models", str(models), "--port", "0"),
+    ]
+    with subprocess.Popen(command, stderr=subprocess.PIPE, text=True) as loading:
         try:
             assert loading.stderr is not None
             for line in loading.stderr:  # (interrupted once loading has begun)
