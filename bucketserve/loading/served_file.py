@@ -20,13 +20,14 @@ on the plain copy.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import onnx
@@ -113,19 +114,9 @@ def cached(
     target = folder / spec.onnx_path.name
     if target.is_file():
         return target
-    try:
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        scratch = Path(tempfile.mkdtemp(prefix=".writing-", dir=cache_dir))
+    with _writing(spec, cache_dir) as scratch:
         write(spec, scratch / spec.onnx_path.name)
-        try:
-            scratch.rename(folder)  # whole or not at all; another process may have won
-        except OSError:
-            shutil.rmtree(scratch, ignore_errors=True)
-    except OSError as exc:
-        raise ConfigError(
-            f"{cache_dir}: cannot write the server's copy of model {spec.name} ({exc}): set "
-            "--cache-dir (BUCKETSERVE_CACHE_DIR) to a writable folder"
-        ) from None
+        _keep(scratch, folder)
     log.info("model %s: its served copy written once, in %s", spec.name, folder)
     return target
 
@@ -135,28 +126,38 @@ def private_copy(spec: ModelSpec, cache_dir: Path) -> Path:
     `cache_dir`, named by the bytes that were copied (hashed from the copy, not the
     repository, which may be changing meanwhile); an earlier identical copy is reused."""
     source = spec.onnx_path.parent
-    try:
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        scratch = Path(tempfile.mkdtemp(prefix=".copying-", dir=cache_dir))
-        digest = hashlib.sha256(FORMAT.encode())
+    with _writing(spec, cache_dir) as scratch:
         for path in (spec.onnx_path, *spec.signature.external_files):
-            target = scratch / path.relative_to(source)
+            target = scratch / path.relative_to(source)  # (ValueError: outside the folder)
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(path, target)
-            with open(target, "rb") as copied:
-                while chunk := copied.read(2**20):
-                    digest.update(chunk)
-        folder = cache_dir / f"{spec.name}-v{spec.version}-{digest.hexdigest()[:24]}"
-        try:
-            scratch.rename(folder)  # whole or not at all
-        except OSError:  # (an identical copy is there already: this load, or another process)
-            shutil.rmtree(scratch, ignore_errors=True)
-    except (OSError, ValueError) as exc:  # (ValueError: a weights file outside the folder)
+        copied = moved_to(spec, scratch / spec.onnx_path.name)
+        folder = cache_dir / f"{spec.name}-v{spec.version}-{_digest(copied)}"
+        _keep(scratch, folder)
+    return folder / spec.onnx_path.name
+
+
+@contextlib.contextmanager
+def _writing(spec: ModelSpec, cache_dir: Path) -> Iterator[Path]:
+    """A scratch folder in `cache_dir` to write `spec`'s copy in; what stops the writing
+    becomes the ConfigError that says how to fix it."""
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        yield Path(tempfile.mkdtemp(prefix=".writing-", dir=cache_dir))
+    except (OSError, ValueError) as exc:
         raise ConfigError(
             f"{cache_dir}: cannot write the server's copy of model {spec.name} ({exc}): set "
             "--cache-dir (BUCKETSERVE_CACHE_DIR) to a writable folder"
         ) from None
-    return folder / spec.onnx_path.name
+
+
+def _keep(scratch: Path, folder: Path) -> None:
+    """`scratch` as `folder`, whole or not at all: an identical copy there already (this
+    load's, or another process's) wins."""
+    try:
+        scratch.rename(folder)
+    except OSError:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def moved_to(spec: ModelSpec, onnx_path: Path) -> ModelSpec:
@@ -169,12 +170,17 @@ def moved_to(spec: ModelSpec, onnx_path: Path) -> ModelSpec:
 
 def content_key(spec: ModelSpec) -> str:
     """A name for the model's files as they are (a changed file is a new copy)."""
+    return f"{spec.name}-{_digest(spec)}"
+
+
+def _digest(spec: ModelSpec) -> str:
+    """What the model's files hold, in 24 hex digits."""
     digest = hashlib.sha256(FORMAT.encode())
     for path in (spec.onnx_path, *spec.signature.external_files):
         with open(path, "rb") as f:
             while chunk := f.read(2**20):
                 digest.update(chunk)
-    return f"{spec.name}-{digest.hexdigest()[:24]}"
+    return digest.hexdigest()[:24]
 
 
 def _write_copy(spec: ModelSpec, onnx_path: Path) -> None:

@@ -34,7 +34,7 @@ from bucketserve.edges.http.common import (
     request_timeout_ms,
     unless_client_leaves,
 )
-from bucketserve.edges.http.schemas import WHY, Integer, Positive, inlined
+from bucketserve.edges.http.schemas import WHY, Integer, Positive, inlined, is_integer
 from bucketserve.errors import BucketserveError, MalformedRequest
 
 router = APIRouter(prefix="/v1", tags=["OpenAI"])
@@ -114,13 +114,6 @@ def openai_errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
 INPUT_FORMS = "a string, a list of strings, a list of token ids, or a list of such lists"
 
 
-def _integer(value: Any) -> bool:
-    """An integer as the schema takes one: not a bool; a float only without a fraction."""
-    if isinstance(value, bool):
-        return False
-    return isinstance(value, int) or (isinstance(value, float) and value.is_integer())
-
-
 def check_input(given: Any) -> None:
     """`input`'s form, checked by hand before the schema's union sees it: at a cost bounded by
     its size, stopping at the first element out of place. (Refusing a list of 200,000 nulls,
@@ -133,8 +126,8 @@ def check_input(given: Any) -> None:
     first = given[0]
     if isinstance(first, str):
         kind, fits = "a string", _string
-    elif _integer(first):
-        kind, fits = "a token id", _integer
+    elif is_integer(first):
+        kind, fits = "a token id", is_integer
     elif isinstance(first, list):
         kind, fits = "a non-empty list of token ids", _ids
     else:
@@ -150,7 +143,7 @@ def _string(value: Any) -> bool:
 
 
 def _ids(value: Any) -> bool:
-    return isinstance(value, list) and bool(value) and all(map(_integer, value))
+    return isinstance(value, list) and bool(value) and all(map(is_integer, value))
 
 
 def parse_embeddings(raw: bytes, steps: int = 0) -> EmbeddingsBody:

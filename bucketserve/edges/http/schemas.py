@@ -59,10 +59,17 @@ class V2ErrorBody(BaseModel):
 # -- KServe v2 ------------------------------------------------------------------------------
 
 
+def is_integer(value: Any) -> bool:
+    """An integer as JSON Schema reads one: a number with no fraction (2.0 is 2), not a bool."""
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+
+
 def _integral(value: Any) -> Any:
-    """A JSON number with no fraction is an integer, as JSON Schema says (2.0 is 2): accepted
-    where an integer goes. Any other float is left for the strict check to refuse."""
-    return int(value) if isinstance(value, float) and value.is_integer() else value
+    """A JSON number with no fraction is accepted where an integer goes. Any other value is
+    left for the strict check to refuse."""
+    return int(value) if isinstance(value, float) and is_integer(value) else value
 
 
 Integer = Annotated[int, BeforeValidator(_integral)]
