@@ -24,6 +24,7 @@ import httpx
 import pytest
 
 from bucketserve.edges.http.connections import MAX_HEAD_BYTES
+from loadtest import framing
 from tests.helpers import copy_bundled, error_of, server_process, until
 
 pytestmark = pytest.mark.slow  # the full tier: real server processes
@@ -385,3 +386,56 @@ def test_a_second_sigterm_ends_the_drain_and_still_exits_0(models: Path) -> None
         process.send_signal(signal.SIGTERM)
         assert process.wait(10) == 0
         assert time.monotonic() - started < 5
+
+
+def test_every_framing_class_is_answered_as_the_rfc_says(models: Path) -> None:
+    """Each class of `loadtest.framing`: valid chunked bodies (extensions and trailers
+    included) answered; a malformed chunk or trailer refused 400 in the error form and the
+    connection closed, at once (the server's own timeouts are minutes away here: a class that
+    waited for them would be held past the test's wait); a half-closing client answered what
+    it is owed, a request it cut short refused. A refused body the application had begun is
+    counted as the 400 it got, never as a client that left."""
+    slow = ("--header-timeout-s", "600", "--body-timeout-s", "600")
+    with server_process(models, *slow) as (_, url, log_path):
+        got = {case.name: framing.answers(url, case, wait_s=60) for case in framing.CASES}
+        metrics = httpx.get(f"{url}/metrics").text
+    assert got == {case.name: case.answers for case in framing.CASES}
+    begun = [
+        c for c in framing.CASES if c.answers == (400,) and c.name != "half-close within the head"
+    ]
+    counted = f'bucketserve_requests_total{{route="/predict",status="400"}} {len(begun)}.0'
+    assert counted in metrics
+    assert 'status="499"' not in metrics
+    assert 'status="500"' not in metrics
+    assert "ERROR" not in log_path.read_text()
+
+
+def test_a_refusal_names_what_broke_in_the_routes_error_form(models: Path) -> None:
+    with server_process(models) as (_, url, _log):
+        sock = connect(url)
+        sock.sendall(framing.chunked(b"1g\r\n"))
+        _, received = closed_at(sock)
+        sock = connect(url)
+        sock.sendall(framing.chunked(b"5\r\n{"))
+        sock.shutdown(socket.SHUT_WR)
+        _, cut_short = closed_at(sock)
+    head, _, body = received.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 ")
+    assert b"connection: close" in head.lower()
+    assert error_of(json.loads(body)) == (
+        "malformed",
+        "not a valid HTTP/1.1 request (Invalid character in chunk size)",
+    )
+    message = error_of(json.loads(cut_short.partition(b"\r\n\r\n")[2]))[1]
+    assert message == "the client closed its sending side within a request's body"
+
+
+def test_the_framing_comparison_runs_each_layer(models: Path, capsys: Any) -> None:
+    """`python -m loadtest.framing`, briefly: every layer installed started over the same
+    application, the classes sent and throughput measured; the server's own holds all."""
+    assert framing.main(["--models", str(models), "--rounds", "1", "--seconds", "0.5"]) == 0
+    table = capsys.readouterr().out
+    held = f"| bucketserve (httptools, guarded) | {len(framing.CASES)} |"
+    assert held in table
+    assert "| uvicorn httptools |" in table
+    assert "| uvicorn h11 |" in table

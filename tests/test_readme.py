@@ -28,6 +28,7 @@ pytestmark = pytest.mark.slow  # the full tier: real server processes
 RUN_ELSEWHERE = {
     "python -m loadtest.bench": "tests/test_bench.py",
     "python -m loadtest.reliability": "tests/test_reliability.py",
+    "python -m loadtest.framing": "tests/test_connections.py",
     "python -m deploy.image.smoke": "tests/test_deploy.py",
     "mkdocs build": "tests/test_docs.py",
 }

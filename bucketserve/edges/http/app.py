@@ -21,6 +21,7 @@ from bucketserve.edges.auth import ApiKeys
 from bucketserve.edges.failures import CLIENT_CLOSED, Failures
 from bucketserve.edges.http import contract, kserve_routes, openai_api, predict
 from bucketserve.edges.http.common import (
+    REFUSED,
     SERVER_VERSION,
     ClientGone,
     error_body,
@@ -103,6 +104,9 @@ def create_app(
 
     @app.exception_handler(ClientGone)
     async def on_client_gone(request: Request, exc: ClientGone) -> Response:
+        refused = request.scope.get("extensions", {}).get(REFUSED)
+        if refused is not None:  # (answered by the connection, that refused its body)
+            return settled(request, refused)
         failures.client_left(f"{request.method} {request.url.path}")
         return Response(status_code=CLIENT_CLOSED)
 

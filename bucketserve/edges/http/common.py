@@ -38,6 +38,9 @@ KSERVE_PREFIX = "/v2/"  # the routes of KServe's v2 protocol
 SERVER_VERSION = version("bucketserve")  # pyproject.toml's
 JSON = "application/json"
 BINARY = "application/octet-stream"
+# A scope's extension: the error the connection refused a request's body with (`connections`),
+# after the application had the request.
+REFUSED = "bucketserve.refused"
 TIMEOUT_PARAMETER = {
     "name": "X-Request-Timeout-Ms",
     "in": "header",

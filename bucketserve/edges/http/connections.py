@@ -15,7 +15,12 @@ under a client that may still be sending on it.
   it included. (llhttp stops at an upgrade; the rest is fed to a fresh parser.)
 - Pipelined requests are answered in order. A request the parser refuses is answered 400 in
   the error form only after the answers owed to the requests before it, then the connection
-  is closed.
+  is closed. That holds for a body that breaks its framing too (a malformed chunk, a trailer
+  that is not a field line or that frames, a body cut short by the client's half-close): the
+  application, which has that request already, is told the client left (`REFUSED` in the
+  request's scope says why, so that it is counted as the 400 it was answered).
+- A client that half-closes (shuts its sending side after a request, as `nc -N` and some
+  proxies do) is answered what it is owed; then the connection is closed.
 - Every refusal is a lingering close, as nginx makes it: the answer, then the connection's
   sending side shut, then what the client still sends read and dropped until it closes (or
   `LINGER_S` passes), so that the client reads its answer instead of a reset. The same holds
@@ -43,7 +48,7 @@ import httptools
 import orjson
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from bucketserve.edges.http.common import error_body
+from bucketserve.edges.http.common import REFUSED, error_body
 from bucketserve.errors import (
     BucketserveError,
     HeadersTooLarge,
@@ -148,6 +153,8 @@ def guarded_protocol(
             self._muted = False  # while that framing is replayed to a fresh parser
             self.lingering = False
             self._linger_timer: asyncio.TimerHandle | None = None
+            self._answering: Any = None  # the request cycle the application runs
+            self._client_done = False  # the client has shut its sending side
 
         # -- the connection ---------------------------------------------------------------
 
@@ -199,6 +206,22 @@ def guarded_protocol(
             parser = httptools.HttpRequestParser(self)
             parser.set_dangerous_leniencies(lenient_data_after_close=True)  # (as uvicorn's)
             return parser
+
+        def eof_received(self) -> bool | None:  # type: ignore[override]
+            """The client shut its sending side: it is answered what it is owed (a request
+            it cut short is refused), then the connection closes. True keeps it open."""
+            self._client_done = True
+            if self.lingering:  # the client has read its answer and closed: so may we
+                self._raw.close()
+                return None
+            if self._refusal is None and self._receiving is not None:
+                cut_short = (
+                    f"the client closed its sending side within a request's {self._receiving}"
+                )
+                self._refuse(MalformedRequest(cut_short))
+            elif self._refusal is None and not self._owes_answers():
+                return None  # idle: closed now
+            return True
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._stop()
@@ -252,10 +275,18 @@ def guarded_protocol(
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
-            if self._refusal is not None and not self._owes_answers():
+            if self._owes_answers():
+                self._watch()
+            elif self._refusal is not None:
                 self._answer_refusal()
+            elif self._client_done:  # (a half-closed client had one more answer coming)
+                self._raw.close()
             else:
                 self._watch()
+
+        def _start_asgi_task(self, cycle: Any, app: Any) -> None:
+            self._answering = cycle
+            super()._start_asgi_task(cycle, app)
 
         def _framing(self) -> bytes | None:
             """How the body of the request whose head was just read is delimited, as header
@@ -277,11 +308,22 @@ def guarded_protocol(
             self._refusal = error
             self._stop()
             self.flow.pause_reading()
+            if self._receiving == "body":  # the application has this request: it is withdrawn
+                self._withdraw(self.cycle, error)
             if not self._owes_answers():
                 self._answer_refusal()
 
+        def _withdraw(self, cycle: Any, error: BucketserveError) -> None:
+            """Take a request whose body was refused from the application: never started if
+            it waits behind others; else told its client left, and why."""
+            self.pipeline = type(self.pipeline)(p for p in self.pipeline if p[0] is not cycle)
+            cycle.scope.setdefault("extensions", {})[REFUSED] = error
+            cycle.disconnected = True
+            cycle.message_event.set()
+
         def _owes_answers(self) -> bool:
-            answering = self.cycle is not None and not self.cycle.response_complete
+            cycle = self._answering
+            answering = cycle is not None and not (cycle.response_complete or cycle.disconnected)
             return answering or bool(self.pipeline)
 
         def _answer_refusal(self) -> None:
@@ -304,14 +346,13 @@ def guarded_protocol(
             self.lingering = True
             self._stop()
             self._unset_keepalive_if_required()
+            if self._client_done:  # it sends nothing more: closed once the answer is out
+                self._raw.close()
+                return
             if self._raw.can_write_eof():
                 self._raw.write_eof()
             self.flow.resume_reading()
             self._linger_timer = self.loop.call_later(LINGER_S, self._raw.close)
-
-        def eof_received(self) -> None:
-            if self.lingering:  # the client has read its answer and closed: so may we
-                self._raw.close()
 
         # -- deadlines ------------------------------------------------------------------------
 
