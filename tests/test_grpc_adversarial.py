@@ -391,6 +391,7 @@ CASES: list[Case] = [
     ("unknown-output", "ModelInfer", edited(lambda m: m.outputs.add(name="logits")), INVALID),
     ("unknown-model-ready", "ModelReady", field(1, 2, b"gpt"), NOT_FOUND),
     ("unknown-model-metadata", "ModelMetadata", field(1, 2, b"gpt"), NOT_FOUND),
+    ("unknown-model-config", "ModelConfig", field(1, 2, b"gpt"), NOT_FOUND),
     # limits
     (
         "past-the-message-limit",
@@ -410,6 +411,7 @@ CASES: list[Case] = [
     ("metadata", "ServerMetadata", b"", OK),
     ("model-ready", "ModelReady", field(1, 2, b"tiny-encoder"), OK),
     ("model-metadata", "ModelMetadata", field(1, 2, b"tiny-encoder"), OK),
+    ("model-config", "ModelConfig", field(1, 2, b"tiny-encoder"), OK),
     ("infer", "ModelInfer", SERIALIZED, OK),
 ]
 

@@ -342,3 +342,32 @@ def metadata(model: Model, versions: Iterable[int] = ()) -> dict[str, Any]:
         + ([TEXT_METADATA] if model.tokenizer is not None else []),
         "outputs": [described(with_batch_axis(o)) for o in layout.outputs],
     }
+
+
+def triton_config(model: Model) -> dict[str, Any]:
+    """The model as Triton's model configuration describes one (its JSON form), for the clients
+    that read it (`tritonclient`'s `get_model_config`, `perf_analyzer`, Model Analyzer). The
+    inputs are the metadata's, each marked `optional` unless every request must send it: the
+    sequence input, where the model has no tokenizer (a text model takes `text` or its token
+    inputs; a mask, lengths and token types have defaults). `max_batch_size` 0: the dims are
+    the model's whole shapes, the batch axis included where it lies. `dynamic_batching`: the
+    server forms the batches.
+    """
+    described = metadata(model)
+    required = set() if model.tokenizer is not None else {model.info.layout.sequence.tensor.name}
+
+    def tensor(t: dict[str, Any]) -> dict[str, Any]:
+        datatype = "STRING" if t["datatype"] == TEXT else t["datatype"]
+        return {"name": t["name"], "data_type": f"TYPE_{datatype}", "dims": t["shape"]}
+
+    return {
+        "name": model.name,
+        "platform": described["platform"],
+        "backend": "onnxruntime",
+        "max_batch_size": 0,
+        "input": [
+            {**tensor(t), "optional": t["name"] not in required} for t in described["inputs"]
+        ],
+        "output": [tensor(t) for t in described["outputs"]],
+        "dynamic_batching": {},
+    }

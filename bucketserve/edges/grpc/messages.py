@@ -3,8 +3,9 @@ here field by field rather than generated: generated code pins the protobuf runt
 on, and the clients people use (`tritonclient.grpc`) pin theirs. Only what is on the wire
 matters: names, numbers and types are the protocol's, so any v2 client reads them.
 
-The subset served: liveness, readiness, metadata, `ModelInfer`, and the repository extension
-(index, load, unload).
+The subset served: liveness, readiness, metadata, Triton's `ModelConfig` (the part of its
+model configuration that clients read), `ModelInfer`, and the repository extension (index,
+load, unload).
 """
 
 from __future__ import annotations
@@ -44,12 +45,6 @@ REPOSITORY_MODEL = [  # a load's or an unload's request
     ("parameters", 3, "map<ModelRepositoryParameter>"),
 ]
 
-REPOSITORY_MODEL = [  # a load's or an unload's request
-    ("repository_name", 1, "string"),
-    ("model_name", 2, "string"),
-    ("parameters", 3, "map<ModelRepositoryParameter>"),
-]
-
 MESSAGES: dict[str, list[tuple[str, int, str]]] = {
     "ServerLiveRequest": [],
     "ServerLiveResponse": [("live", 1, "bool")],
@@ -76,6 +71,31 @@ MESSAGES: dict[str, list[tuple[str, int, str]]] = {
         ("inputs", 4, "repeated ModelMetadataResponse.TensorMetadata"),
         ("outputs", 5, "repeated ModelMetadataResponse.TensorMetadata"),
     ],
+    "ModelConfigRequest": [("name", 1, "string"), ("version", 2, "string")],
+    # Triton's model configuration (model_config.proto), the fields `triton_config` fills;
+    # a `data_type` is its enum on the wire (a varint: DATA_TYPES[n] is the name of n).
+    "ModelInput": [
+        ("name", 1, "string"),
+        ("data_type", 2, "int32"),
+        ("dims", 4, "repeated int64"),
+        ("optional", 8, "bool"),
+    ],
+    "ModelOutput": [
+        ("name", 1, "string"),
+        ("data_type", 2, "int32"),
+        ("dims", 3, "repeated int64"),
+    ],
+    "ModelDynamicBatching": [],
+    "ModelConfig": [
+        ("name", 1, "string"),
+        ("platform", 2, "string"),
+        ("max_batch_size", 4, "int32"),
+        ("input", 5, "repeated ModelInput"),
+        ("output", 6, "repeated ModelOutput"),
+        ("dynamic_batching", 11, "ModelDynamicBatching"),
+        ("backend", 17, "string"),
+    ],
+    "ModelConfigResponse": [("config", 1, "ModelConfig")],
     "InferParameter": [  # every field in the oneof `parameter_choice` (ONEOFS)
         ("bool_param", 1, "bool"),
         ("int64_param", 2, "int64"),
@@ -135,6 +155,23 @@ MESSAGES: dict[str, list[tuple[str, int, str]]] = {
     "RepositoryModelUnloadRequest": REPOSITORY_MODEL,
     "RepositoryModelUnloadResponse": [],
 }
+DATA_TYPES = (  # Triton's DataType enum, in the order of its numbers
+    "TYPE_INVALID",
+    "TYPE_BOOL",
+    "TYPE_UINT8",
+    "TYPE_UINT16",
+    "TYPE_UINT32",
+    "TYPE_UINT64",
+    "TYPE_INT8",
+    "TYPE_INT16",
+    "TYPE_INT32",
+    "TYPE_INT64",
+    "TYPE_FP16",
+    "TYPE_FP32",
+    "TYPE_FP64",
+    "TYPE_STRING",
+    "TYPE_BF16",
+)
 # message -> the oneof its fields all belong to: which one was sent is the parameter's type
 ONEOFS = {"InferParameter": "parameter_choice", "ModelRepositoryParameter": "parameter_choice"}
 # method -> (request, response)
@@ -146,6 +183,7 @@ METHODS = {
         "ModelReady",
         "ServerMetadata",
         "ModelMetadata",
+        "ModelConfig",
         "ModelInfer",
         "RepositoryIndex",
         "RepositoryModelLoad",

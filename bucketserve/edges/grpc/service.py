@@ -37,7 +37,7 @@ from bucketserve.edges import kserve
 from bucketserve.edges.auth import OPEN_METHODS, ApiKeys
 from bucketserve.edges.failures import CLIENT_CLOSED, Failures
 from bucketserve.edges.grpc.decoding import decode_request
-from bucketserve.edges.grpc.messages import MESSAGE_CLASSES, METHODS, SERVICE
+from bucketserve.edges.grpc.messages import DATA_TYPES, MESSAGE_CLASSES, METHODS, SERVICE
 from bucketserve.edges.kserve import metadata
 from bucketserve.edges.tensors import DATATYPE_OF
 from bucketserve.errors import MalformedRequest, brief
@@ -134,6 +134,26 @@ class InferenceService:
             inputs=[tensor(**t) for t in described["inputs"]],
             outputs=[tensor(**t) for t in described["outputs"]],
         )
+
+    async def ModelConfig(self, request: Message, context: Context) -> Message:  # noqa: N802
+        config = kserve.triton_config(self._model(request.name, request.version))
+
+        def tensors(kind: str, described: list[dict[str, Any]]) -> list[Message]:
+            return [
+                self.messages[kind](**{**t, "data_type": DATA_TYPES.index(t["data_type"])})
+                for t in described
+            ]
+
+        message = self.messages["ModelConfig"](
+            name=config["name"],
+            platform=config["platform"],
+            backend=config["backend"],
+            max_batch_size=config["max_batch_size"],
+            input=tensors("ModelInput", config["input"]),
+            output=tensors("ModelOutput", config["output"]),
+            dynamic_batching=self.messages["ModelDynamicBatching"](),
+        )
+        return self.messages["ModelConfigResponse"](config=message)
 
     async def RepositoryIndex(self, request: Message, context: Context) -> Message:  # noqa: N802
         entries = self.engine.registry.index()

@@ -48,6 +48,7 @@ from bucketserve.edges.kserve import (
     UNLOAD_PARAMETERS,
     metadata,
     repository_parameters,
+    triton_config,
 )
 from bucketserve.errors import MalformedRequest, ModelNotFound
 
@@ -147,13 +148,16 @@ async def model_metadata(request: Request, name: str, version: str | None) -> Re
     responses=v2_errors(404, 422),
 )
 async def model_config(request: Request, name: str, version: str | None) -> Response:
-    """The model's config.toml with fitted edges, overrides and what load found applied
-    (Triton serves its model configuration at the same path); load generators read the
-    bucket edges from here. A model that did not load says why."""
+    """The model's config.toml with fitted edges, overrides and what load found applied (load
+    generators read the bucket edges from here), and beside it, under Triton's own keys
+    (`platform`, `max_batch_size`, `input`, `output`...), the model as Triton's configuration
+    at this path describes one, for the clients that read it. A model that did not load says
+    why."""
     failed = _failed(request, name, version)
     if failed is not None:
         return json_response({"name": name, "ready": False, "error": failed})
-    return json_response(_model(request, name, version).info.served_config)
+    model = _model(request, name, version)
+    return json_response({**model.info.served_config, **triton_config(model)})
 
 
 @model_routes(
