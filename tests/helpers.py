@@ -107,7 +107,8 @@ async def serving(
     settings = engine.settings
     metrics = Metrics()
     control = control or Control(engine, None)
-    app = create_app(engine, control, metrics, ApiKeys(settings.api_keys(), settings.open_metrics))
+    keys = ApiKeys(settings.api_keys(), settings.open_metrics, settings.docs)
+    app = create_app(engine, control, metrics, keys)
     async with running(engine, control, metrics):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:

@@ -148,6 +148,30 @@ async def test_docs_are_off_unless_asked_for_and_then_need_no_cdn() -> None:
         assert script.status_code == style.status_code == 200
         assert script.headers["content-type"].startswith("text/javascript")
         assert len(script.content) > 100_000
+        assert "if (false)" in page.text  # no key: no prompt for one
+
+
+async def test_with_a_key_the_docs_page_opens_and_asks_for_it() -> None:
+    """A browser opens /docs without headers: the page and its assets are open, the page asks
+    for the key and adds it to every call it makes; the document itself, which names the
+    repository's models, still needs it."""
+    model, _ = fake_model()
+    settings = Settings(docs=True, api_key="s3cret")
+    engine = Engine(Registry({model.name: model}, model.name), settings)
+    async with serving(engine) as client:
+        page = await client.get("/docs")
+        script = await client.get("/docs/swagger-ui-bundle.js")
+        unknown = await client.get("/docs/secrets.txt")
+        bare = await client.get("/openapi.json")
+        keyed = await client.get("/openapi.json", headers={"Authorization": "Bearer s3cret"})
+    assert page.status_code == script.status_code == 200
+    assert unknown.status_code == 404
+    assert "if (true)" in page.text  # the prompt for the key is shown
+    assert 'request.headers.Authorization = "Bearer " + key' in page.text
+    assert "s3cret" not in page.text
+    assert bare.status_code == 401
+    assert keyed.status_code == 200
+    assert model.name in keyed.text
 
 
 RUNTIME_TEXT = "[ONNXRuntimeError] : 2 : INVALID_ARGUMENT : Got invalid dimensions for input: mask"

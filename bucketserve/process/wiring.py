@@ -31,7 +31,7 @@ class Wired:
 def wire(settings: Settings) -> Wired:
     """Every part, from the settings: the repository opened (every model loaded and checked,
     or ConfigError naming each that failed), the keys read once."""
-    keys = ApiKeys(settings.api_keys(), settings.open_metrics)
+    keys = ApiKeys(settings.api_keys(), settings.open_metrics, settings.docs)
     opened = open_repository(settings)
     tracing = configured(settings.otlp_endpoint)
     engine = Engine(opened.registry, settings, opened.instances, tracing)

@@ -73,7 +73,7 @@ def create_app(
     names = [*registry.models, *registry.failed]
     contract.describe_server(app, names, versions, settings.max_sequences)
     if settings.docs:
-        contract.serve_docs(app)
+        contract.serve_docs(app, keys.required)
 
     @app.get(
         "/metrics",

@@ -14,13 +14,55 @@ from importlib import resources
 from typing import Any
 
 from fastapi import FastAPI, HTTPException, Response
-from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse
 
 from bucketserve.errors import ConfigError
 
 ASSETS = ("swagger-ui-bundle.js", "swagger-ui.css")
 KEY_SCHEME = "apiKey"
+# Swagger UI over the document. With a key (KEY_REQUIRED true), the page first asks for it; it
+# stays in the page, sent as a bearer token with every call the page makes, the document's too.
+PAGE = """<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<title>bucketserve</title>
+<link rel="icon" href="data:,">
+<link rel="stylesheet" href="/docs/swagger-ui.css">
+</head>
+<body>
+<form id="key" hidden style="margin: 2em; font-family: sans-serif">
+<label>API key <input id="secret" type="password" autocomplete="off" required></label>
+<button>Open the docs</button>
+</form>
+<div id="swagger-ui"></div>
+<script src="/docs/swagger-ui-bundle.js"></script>
+<script>
+function show(key) {
+  SwaggerUIBundle({
+    url: "/openapi.json",
+    dom_id: "#swagger-ui",
+    requestInterceptor: (request) => {
+      if (key) request.headers.Authorization = "Bearer " + key;
+      return request;
+    },
+  });
+}
+const form = document.getElementById("key");
+if (KEY_REQUIRED) {
+  form.hidden = false;
+  form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    form.hidden = true;
+    show(document.getElementById("secret").value);
+  });
+} else {
+  show(null);
+}
+</script>
+</body>
+</html>
+"""
 
 
 def describe_server(
@@ -87,9 +129,10 @@ def document_key(app: FastAPI, is_open: Callable[[str], bool]) -> None:
     app.openapi = openapi  # type: ignore[method-assign]
 
 
-def serve_docs(app: FastAPI) -> None:
+def serve_docs(app: FastAPI, key_required: bool) -> None:
     """Swagger UI at /docs, its script and style read from the `swagger-ui-bundle` package
-    (the `docs` extra) and served from here."""
+    (the `docs` extra) and served from here; with `key_required`, a page that asks for the
+    key (the page and its assets are open: `bucketserve.edges.auth`)."""
     try:
         bundle = resources.files("swagger_ui_bundle") / "vendor"
     except ModuleNotFoundError:
@@ -100,15 +143,11 @@ def serve_docs(app: FastAPI) -> None:
     assets = {name: (folder / name).read_bytes() for name in ASSETS}
     kinds = {"js": "text/javascript", "css": "text/css"}
 
+    page = PAGE.replace("KEY_REQUIRED", "true" if key_required else "false")
+
     @app.get("/docs", include_in_schema=False)
     async def docs() -> HTMLResponse:
-        return get_swagger_ui_html(
-            openapi_url="/openapi.json",
-            title="bucketserve",
-            swagger_js_url="/docs/swagger-ui-bundle.js",
-            swagger_css_url="/docs/swagger-ui.css",
-            swagger_favicon_url="data:,",
-        )
+        return HTMLResponse(page)
 
     @app.get("/docs/{asset}", include_in_schema=False)
     async def asset(asset: str) -> Response:
