@@ -9,8 +9,9 @@ from __future__ import annotations
 import orjson
 import pytest
 
+from bucketserve.edges.http import common
 from bucketserve.edges.http.common import parse_json
-from bucketserve.edges.http.openai_api import check_input
+from bucketserve.edges.http.openai_api import check_input, parse_embeddings
 from bucketserve.errors import MalformedRequest
 
 STEPS = 65_536  # the default --max-request-tokens
@@ -18,8 +19,26 @@ STEPS = 65_536  # the default --max-request-tokens
 
 def test_millions_of_small_lists_are_refused_before_they_are_made() -> None:
     body = orjson.dumps({"sequences": [[[[1]]] * 200_000]})  # 1 MB, 400,000 lists
-    with pytest.raises(MalformedRequest, match=r"the body holds 400002 lists, more than"):
+    with pytest.raises(MalformedRequest, match=r"holds 400002 lists, more than the 132096 that"):
         parse_json(body, STEPS)
+
+
+def test_more_values_than_a_request_holds_are_refused_before_they_are_made(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """/v1/embeddings' values are token ids or texts: a megabyte of floats where ids go is
+    refused by its count of values, never parsed into a quarter of a million floats."""
+    body = orjson.dumps({"model": "m", "input": [[0.5] * 100] * 2_500})  # 1 MB, 250,000 floats
+    monkeypatch.setattr(common.orjson, "loads", None)  # (parsing it would raise TypeError)
+    with pytest.raises(MalformedRequest, match=r"holds 250000 values, more than the 66816 that"):
+        parse_embeddings(body, STEPS, 256)
+
+
+def test_the_most_token_ids_and_texts_a_request_holds_are_parsed() -> None:
+    ids = orjson.dumps({"model": "m", "input": [[7] * 256] * 256})  # STEPS ids in all
+    assert len(parse_embeddings(ids, STEPS, 256).input) == 256
+    texts = orjson.dumps({"model": "m", "input": ["a, b, c, " * 5_000] * 256})  # commas: text
+    assert len(parse_embeddings(texts, STEPS, 256).input) == 256
 
 
 def test_brackets_inside_texts_are_text() -> None:

@@ -116,19 +116,24 @@ async def off_loop(decode: Callable[..., T], raw: bytes, *args: Any) -> T:
     return await asyncio.to_thread(decode, raw, *args)
 
 
-def parse_json(raw: bytes, steps: int = 0) -> Any:
+def parse_json(raw: bytes, steps: int = 0, values: int | None = None) -> Any:
     """The body's JSON, its cost bounded by its size. A large one is first counted: at most
     one list per 16 of its bytes, or two per step a request may hold (`steps`: a `[T, 1]`
     feature sequence is a list a step), so that 8 MiB of `[[1]]` (3.4 million lists, 200 MiB
-    of objects) is refused before a list is made. Then it is parsed with the garbage collector
-    paused, which millions of small lists would set off again and again (0.55 s of 8 MiB of
-    them with it, 0.14 s without) over objects that cannot hold a cycle."""
+    of objects) is refused before a list is made; and, where the route knows it (`values`),
+    at most as many values as a request may hold (what commas separate outside strings), so
+    that 8 MiB of floats where token ids go (2 million floats, 100 MiB of objects) is refused
+    the same way. Then it is parsed with the garbage collector paused, which millions of small
+    lists would set off again and again (0.55 s of 8 MiB of them with it, 0.14 s without) over
+    objects that cannot hold a cycle."""
     if not raw:
         raise MalformedRequest("empty body: expected a JSON object")
     try:
         if len(raw) < OFF_LOOP_BYTES:
             return orjson.loads(raw)
-        _within_list_budget(raw, max(len(raw) // 16, 2 * steps + 1024))
+        _within_budget(raw, b"[", "lists", max(len(raw) // 16, 2 * steps + 1024))
+        if values is not None:
+            _within_budget(raw, b",", "values", values + 1024)
         with _collector_paused():
             return orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -138,16 +143,17 @@ def parse_json(raw: bytes, steps: int = 0) -> Any:
 _STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
 
 
-def _within_list_budget(raw: bytes, most: int) -> None:
-    """MalformedRequest if `raw` opens more than `most` JSON arrays (brackets inside strings
-    are text: they are counted only when the quick count says it matters)."""
-    if raw.count(b"[") <= most:
+def _within_budget(raw: bytes, mark: bytes, what: str, most: int) -> None:
+    """MalformedRequest if `raw` holds `mark` (an array's opening, a separator) more than
+    `most` times outside its strings (inside them it is text: counted only when the quick
+    count says it matters)."""
+    if raw.count(mark) <= most:
         return
-    lists = _STRING.sub(b"", raw).count(b"[")
-    if lists > most:
+    count = _STRING.sub(b"", raw).count(mark)
+    if count > most:
         raise MalformedRequest(
-            f"the body holds {lists} lists, more than a body of its size may ({most}): "
-            "no request the server's limits allow needs that many"
+            f"the body holds {count} {what}, more than the {most} that any request the "
+            "server's limits allow needs"
         )
 
 

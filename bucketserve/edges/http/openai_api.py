@@ -146,9 +146,10 @@ def _ids(value: Any) -> bool:
     return isinstance(value, list) and bool(value) and all(map(is_integer, value))
 
 
-def parse_embeddings(raw: bytes, steps: int = 0) -> EmbeddingsBody:
-    """The body, every mistake of its form a 400 naming the field (`param`)."""
-    body = parse_json(raw, steps)
+def parse_embeddings(raw: bytes, steps: int = 0, texts: int = 0) -> EmbeddingsBody:
+    """The body, every mistake of its form a 400 naming the field (`param`). Its values are
+    token ids (at most `steps`) or texts (at most `texts`), and a few fields."""
+    body = parse_json(raw, steps, values=steps + texts)
     if isinstance(body, dict) and "input" in body:
         check_input(body["input"])
     try:
@@ -206,7 +207,8 @@ def encoded(vector: np.ndarray, encoding: str) -> str | np.ndarray:
 async def embeddings(request: Request) -> Response:
     engine = engine_of(request)
     raw = await read_body(request, engine.settings.max_body_bytes)
-    body = await off_loop(parse_embeddings, raw, engine.settings.max_request_tokens)
+    limits = engine.settings
+    body = await off_loop(parse_embeddings, raw, limits.max_request_tokens, limits.max_sequences)
     call = Call(
         inputs_of(body.input, len(raw), engine.settings.openai_token_ids),
         body.model,
