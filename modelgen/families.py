@@ -176,3 +176,109 @@ def unmasked_bigru(
         [io("ids", INT64, ["batch", "time"])],
         [io("tags", FLOAT, ["batch", "time", tags])],
     )
+
+
+def padding_mask_bigru(
+    *, vocab: int = 400, embed: int = 16, hidden: int = 24, seed: int = 29
+) -> onnx.ModelProto:
+    """A seq2seq encoder as its package runs it: a BOOL mask True at the *padding* (`ids ==
+    pad_id`), its padded steps zeroed before a BiGRU without sequence_lens; per-step states and
+    their mean over the real steps. Fed a mask of ones on the tokens, every real step is hidden
+    and every answer is the same whatever the input."""
+    g = _Graph(seed)
+    x = g.op("Gather", g.weight("embeddings", vocab, embed, scale=0.5), "input_ids")
+    keep = g.op(
+        "Unsqueeze",
+        g.op("Cast", g.op("Not", "padding_mask"), to=FLOAT),
+        g.const("last", np.array([2], np.int64)),
+    )
+    w = g.weight("W", 2, 3 * hidden, embed, scale=1 / np.sqrt(embed))
+    r = g.weight("R", 2, 3 * hidden, hidden, scale=1 / np.sqrt(hidden))
+    b = g.weight("B", 2, 6 * hidden, scale=0.1)
+    y, _ = g.ops(
+        "GRU",
+        [g.op("Transpose", g.op("Mul", x, keep), perm=[1, 0, 2]), w, r, b],
+        2,
+        hidden_size=hidden,
+        direction="bidirectional",
+        linear_before_reset=1,
+    )
+    steps = g.op("Transpose", y, perm=[2, 0, 1, 3])  # [T, 2, B, H] -> [B, T, 2, H]
+    merged = g.op("Reshape", steps, g.const("merge", np.array([0, 0, 2 * hidden], np.int64)))
+    g.nodes.append(helper.make_node("Mul", [merged, keep], ["states"]))
+    time = g.const("time", np.array([1], np.int64))
+    total = g.op("ReduceSum", "states", time, keepdims=0)
+    count = g.op(
+        "Max", g.op("ReduceSum", keep, time, keepdims=0), g.const("one", np.ones(1, np.float32))
+    )
+    g.nodes.append(helper.make_node("Div", [total, count], ["pooled"]))
+    return g.model(
+        "padding_mask_bigru",
+        [
+            io("input_ids", INT64, ["batch", "time"]),
+            io("padding_mask", TensorProto.BOOL, ["batch", "time"]),
+        ],
+        [
+            io("states", FLOAT, ["batch", "time", 2 * hidden]),
+            io("pooled", FLOAT, ["batch", 2 * hidden]),
+        ],
+    )
+
+
+def reads_nothing(*, width: int = 8, seed: int = 31) -> onnx.ModelProto:
+    """A model whose answers do not depend on its input: per-step outputs from the input's
+    shape alone (a position table), as a mis-wired export computes."""
+    g = _Graph(seed)
+    length = g.op("Shape", "ids", start=1, end=2)
+    rows = g.op(
+        "Range",
+        g.const("zero", np.array(0, np.int64)),
+        g.op("Squeeze", length),
+        g.const("step", np.array(1, np.int64)),
+    )
+    table = g.op("Gather", g.weight("positions", 512, width), rows)
+    shape = g.op(
+        "Concat", g.op("Shape", "ids"), g.const("width", np.array([width], np.int64)), axis=0
+    )
+    g.nodes.append(helper.make_node("Expand", [table, shape], ["out"]))
+    return g.model(
+        "reads_nothing",
+        [io("ids", INT64, ["batch", "time"])],
+        [io("out", FLOAT, ["batch", "time", width])],
+    )
+
+
+def strided_bilstm(
+    *, vocab: int = 300, embed: int = 16, hidden: int = 16, tags: int = 5, seed: int = 37
+) -> onnx.ModelProto:
+    """A BiLSTM that runs over every second step (a stride-2 front end, as a line recogniser's
+    convolutions make), without sequence_lens: [B, T] ids -> [B, ceil(T / 2), tags]. Each row's
+    length in input steps is not a length its LSTM can take."""
+    g = _Graph(seed)
+    x = g.op("Gather", g.weight("embeddings", vocab, embed, scale=0.5), "ids")
+    every_second = g.op(
+        "Slice",
+        x,
+        g.const("start", np.array([0], np.int64)),
+        g.const("end", np.array([2**62], np.int64)),
+        g.const("axis", np.array([1], np.int64)),
+        g.const("stride", np.array([2], np.int64)),
+    )
+    w = g.weight("W", 2, 4 * hidden, embed, scale=1 / np.sqrt(embed))
+    r = g.weight("R", 2, 4 * hidden, hidden, scale=1 / np.sqrt(hidden))
+    b = g.weight("B", 2, 8 * hidden, scale=0.1)
+    y, _ = g.ops(
+        "LSTM",
+        [g.op("Transpose", every_second, perm=[1, 0, 2]), w, r, b],
+        2,
+        hidden_size=hidden,
+        direction="bidirectional",
+    )
+    steps = g.op("Transpose", y, perm=[2, 0, 1, 3])  # [T', 2, B, H] -> [B, T', 2, H]
+    merged = g.op("Reshape", steps, g.const("merge", np.array([0, 0, 2 * hidden], np.int64)))
+    g.nodes.append(helper.make_node("Identity", [g.linear(merged, 2 * hidden, tags)], ["tags"]))
+    return g.model(
+        "strided_bilstm",
+        [io("ids", INT64, ["batch", "time"])],
+        [io("tags", FLOAT, ["batch", "steps", tags])],
+    )

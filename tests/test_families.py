@@ -92,9 +92,9 @@ async def test_a_sequence_shorter_than_the_model_takes_is_refused_by_name(
 
 
 def fails_on_seven() -> onnx.ModelProto:
-    """Features [B, T, 1] -> [B, T, 2], a row of a table; a step of exactly 7.0 looks up row
-    100 of 4, and ONNX Runtime fails the whole run (a data-dependent failure that the check's
-    random values never meet)."""
+    """Features [B, T, 1] -> [B, T, 2], a row of a table plus the step; a step of exactly 7.0
+    looks up row 100 of 4, and ONNX Runtime fails the whole run (a data-dependent failure that
+    the check's random values never meet)."""
     consts = [
         helper.make_tensor("table", TensorProto.FLOAT, [4, 2], [0, 1, 2, 3, 4, 5, 6, 7]),
         helper.make_tensor("seven", TensorProto.FLOAT, [], [7.0]),
@@ -106,7 +106,8 @@ def fails_on_seven() -> onnx.ModelProto:
         helper.make_node("Cast", ["is_seven"], ["one"], to=TensorProto.INT64),
         helper.make_node("Mul", ["one", "far"], ["ids"]),
         helper.make_node("Gather", ["table", "ids"], ["looked"]),
-        helper.make_node("Squeeze", ["looked", "axis"], ["y"]),
+        helper.make_node("Squeeze", ["looked", "axis"], ["row"]),
+        helper.make_node("Add", ["row", "x"], ["y"]),
     ]
     graph = helper.make_graph(
         nodes,
@@ -143,7 +144,7 @@ async def test_a_sequence_that_fails_in_the_runtime_fails_alone(tmp_models: Path
     assert error["code"] == "inference_failed"
     assert error["message"].startswith("sequence 1 of 2: inference failed on the server")
     assert answered.status_code == 200
-    assert answered.json()["outputs"][0]["y"] == [[0.0, 1.0], [0.0, 1.0]]
+    assert answered.json()["outputs"][0]["y"] == [[0.0, 1.0], [3.0, 4.0]]
 
 
 async def test_a_strided_model_over_kserve_v2_binary(tmp_models: Path) -> None:

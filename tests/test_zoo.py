@@ -85,8 +85,8 @@ class Alone:
             elif cfg.role is InputRole.STATE:
                 shape = [1 if isinstance(d, str) or d is None else d for d in graph.dims]
                 value = np.full(shape, cfg.fill)
-            else:  # a mask or token types
-                fill = 1 if cfg.role is InputRole.MASK else 0
+            else:  # a mask (as the package's own code makes it) or token types
+                fill = ZOO[self.spec.name].mask_alone if cfg.role is InputRole.MASK else 0
                 value = np.moveaxis(
                     np.full((1, len(sequence)), fill), (0, 1), (axes.batch, axes.time)
                 )

@@ -33,6 +33,7 @@ class Exhibit:
     steps: Callable[[int], int] | None = None  # a strided output's steps for T input steps
     min_length: int = 1  # the shortest input the model runs on
     batch_axes: dict[str, int | None] = field(default_factory=dict)  # outputs' where not 0
+    mask_alone: int = 1  # the mask on a sequence alone, as the package's own code passes it
 
 
 def batching(buckets: list[int], max_batch_tokens: int) -> str:
@@ -125,6 +126,25 @@ ZOO: dict[str, Exhibit] = {
         "[outputs.tags]\n" + BATCHING,
         "single",
         batch_axes={"tags": None},
+    ),
+    # a BOOL mask True at the padding (the package passes ids == pad_id), the config silent
+    # on which way it points: found at load; the BiGRU given each row's length
+    "padding-mask-bigru": Exhibit(
+        families.padding_mask_bigru,
+        '[inputs.input_ids]\nrole = "tokens"\nvocab_size = 400\n[inputs.padding_mask]\n'
+        'role = "mask"\n[outputs.states]\n[outputs.pooled]\n' + BATCHING,
+        "buckets",
+        inline=True,
+        mask_alone=0,
+    ),
+    # a BiLSTM over every second step without sequence_lens: given each row's length in input
+    # steps its copy fails, and the original is served as it is
+    "strided-bilstm": Exhibit(
+        families.strided_bilstm,
+        '[inputs.ids]\nrole = "tokens"\nvocab_size = 300\n[outputs.tags]\n' + BATCHING,
+        "exact-length",
+        inline=True,
+        steps=lambda t: (t + 1) // 2,
     ),
     # a BiGRU without sequence_lens: the server's copy is given each row's length
     "unmasked-bigru": Exhibit(

@@ -45,6 +45,9 @@ class Invariance:
     padding: float
     batching: float
     tolerance: float
+    # how far apart the answers of different sequences of one length are, each run alone: 0
+    # when the model does not read its input as it is fed (a mask that points the other way)
+    spread: float = float("inf")
 
     @property
     def policy(self) -> Policy:

@@ -25,7 +25,9 @@ class InputRole(StrEnum):
 
     TOKENS = "tokens"  # int ids, [batch, time]
     FEATURES = "features"  # per-step values: [batch, samples], [batch, time, dim], images...
-    MASK = "mask"  # 1 at real positions, 0 at padding, [batch, time]
+    MASK = (
+        "mask"  # 1 at real positions, 0 at padding (its pad value: 1 turns it round), [batch, time]
+    )
     LENGTHS = "lengths"  # each row's length, [batch]
     TOKEN_TYPES = "token_types"  # segment ids, all zeros here, [batch, time]
     STATE = "state"  # e.g. an RNN's initial state; filled like MXNet's `state_names`
@@ -126,7 +128,7 @@ class Tensor:
 class Input:
     tensor: Tensor
     role: InputRole
-    fill: float  # pad value for the sequence input, the state's value for a state input
+    fill: float  # the pad value (sequence input; a mask's at padding), a state input's value
 
 
 @dataclass(frozen=True)
@@ -172,8 +174,9 @@ class Layout:
                 batch = np.full(shape, inp.fill, tensor.dtype)
                 for row, seq in enumerate(sequences):
                     batch[row, : len(seq)] = seq
-            elif inp.role is InputRole.MASK:
-                batch = (np.arange(length) < lengths[:, None]).astype(tensor.dtype)
+            elif inp.role is InputRole.MASK:  # its pad value at padding, the other at real steps
+                real = np.arange(length) < lengths[:, None]
+                batch = (real != bool(inp.fill)).astype(tensor.dtype)
             elif inp.role is InputRole.LENGTHS:
                 batch = lengths.astype(tensor.dtype)
             else:  # TOKEN_TYPES

@@ -113,11 +113,17 @@ def _from_mask(inp: Input, given: np.ndarray, rows: int, steps: int) -> np.ndarr
             f"input {name}: expected shape {list(expected)}, got {list(given.shape)}"
         )
     given = inp.tensor.to_batch_major(given)
+    pad = int(inp.fill)  # the model's value at padding: 0, or 1 for a mask set at padding
     if not np.isin(given, (0, 1)).all():
-        raise InvalidInput(f"input {name}: a mask holds 1 (a real step) or 0 (padding) only")
-    lengths: np.ndarray = (given != 0).sum(axis=1)
-    if not (given.astype(bool) == (np.arange(steps) < lengths[:, None])).all():
-        raise InvalidInput(f"input {name}: each row must be ones followed by zeros")
+        raise InvalidInput(
+            f"input {name}: a mask holds {1 - pad} (a real step) or {pad} (padding) only"
+        )
+    real = given != pad
+    lengths: np.ndarray = real.sum(axis=1)
+    if not (real == (np.arange(steps) < lengths[:, None])).all():
+        raise InvalidInput(
+            f"input {name}: each row must be real steps ({1 - pad}) followed by padding ({pad})"
+        )
     return lengths
 
 

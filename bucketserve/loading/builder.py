@@ -9,9 +9,11 @@ warm -> `Model`. The loader (`loader`) calls it for every model of a repository.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,9 +21,10 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from bucketserve.core.bucketing import BucketPlan, Invariance, Policy
-from bucketserve.core.layout import Layout
+from bucketserve.core.layout import Input, InputRole, Layout
 from bucketserve.core.model import Model, ModelInfo, SequenceRules
-from bucketserve.loading.check import Run, measure, thread_difference
+from bucketserve.errors import ConfigError, brief
+from bucketserve.loading.check import IGNORED, Run, measure, thread_difference
 from bucketserve.loading.layouts import Served, embedding_of, layout_of
 from bucketserve.loading.pad_safe import pad_safe_spec
 from bucketserve.loading.report import log_verdict, pad_safe_report, served_config
@@ -77,10 +80,21 @@ def build_model(
         and spec.config.batching.policy == "auto"
         and (safe := pad_safe_spec(spec, cache)) is not None
     ):
-        again = _checked(safe[0], wanted, cache)
-        rewrite = pad_safe_report(spec.name, safe[1], checked.invariance, again.invariance)
-        if again.invariance.policy is Policy.BUCKETS:
-            checked = again
+        try:
+            again = _checked(safe[0], wanted, cache)
+        except Exception as exc:  # a ConfigError, or ONNX Runtime refusing the rewritten copy
+            log.warning(
+                "model %s: %s given each row's length fails the check (%s): the model is served "
+                "as it is",
+                spec.name,
+                ", ".join(safe[1]),
+                brief(str(exc)),
+            )
+            rewrite = {"rewritten": safe[1], "served": "original", "check": "failed (logged)"}
+        else:
+            rewrite = pad_safe_report(spec.name, safe[1], checked.invariance, again.invariance)
+            if again.invariance.policy is Policy.BUCKETS:
+                checked = again
     spec, graph, session = checked.spec, checked.graph, checked.session
     config, batching = spec.config, spec.config.batching
     layout, rules, served = checked.served.layout, checked.served.rules, checked.served
@@ -122,6 +136,7 @@ def build_model(
         described["lone_batch_threads"] = lone_batch_threads
     if rewrite is not None:
         described["check"]["pad_safe"] = rewrite
+    described["check"] |= checked.found
     info = ModelInfo(
         name=spec.name,
         version=spec.version,
@@ -165,11 +180,13 @@ class _Checked:
     invariance: Invariance
     failures: list[str]
     seconds: float  # the check's
+    found: dict[str, Any]  # what the check found that the config did not say (the mask's way)
 
 
 def _checked(spec: ModelSpec, binding: str, cache_dir: Path) -> _Checked:
     """The file `spec`'s sessions load, one session on it for load time, the layout found by
-    running it, and the invariance check."""
+    running it, and the invariance check; a mask turned round where the check shows it points
+    the other way (`_mask_way`). ConfigError for a model that does not read its input."""
     static = binding == "session-per-key"
     graph = served_graph(spec, cache_dir, static)
     # One session for what load time runs (probes, the check). Session-per-key shares the
@@ -179,18 +196,87 @@ def _checked(spec: ModelSpec, binding: str, cache_dir: Path) -> _Checked:
     run = functools.partial(run_all, session)
     served = layout_of(spec, run)
     began = time.perf_counter()
-    invariance, failures = measure(
-        spec.name,
-        run,
-        functools.partial(run_bound, session, served.layout),
-        served.layout,
-        served.rules,
-        spec.config.batching.edges,
-        spec.config.batching.tolerance,
-        batched=served.single is None,
-    )
+
+    def check(layout: Layout) -> tuple[Invariance, list[str]]:
+        return measure(
+            spec.name,
+            run,
+            functools.partial(run_bound, session, layout),
+            layout,
+            served.rules,
+            spec.config.batching.edges,
+            spec.config.batching.tolerance,
+            batched=served.single is None,
+        )
+
+    invariance, failures = check(served.layout)
+    found: dict[str, Any] = {}
+    turned = _mask_way(spec, served.layout, invariance, check)
+    if turned is not None:
+        layout, invariance, failures, found["mask"] = turned
+        served = dataclasses.replace(served, layout=layout)
+    if not invariance.spread > IGNORED:
+        raise ConfigError(
+            f"model {spec.name}: answers the same whatever the sequence (different sequences "
+            f"alone differ by {invariance.spread:.2g}): it does not read its input as the server "
+            "feeds it; check each input's role"
+            + (", and the mask's pad_value" if _mask(served.layout) is not None else "")
+        )
     seconds = time.perf_counter() - began
-    return _Checked(spec, graph, session, served, invariance, failures, seconds)
+    return _Checked(spec, graph, session, served, invariance, failures, seconds, found)
+
+
+def _mask(layout: Layout) -> Input | None:
+    return next((i for i in layout.inputs if i.role is InputRole.MASK), None)
+
+
+def _mask_way(
+    spec: ModelSpec,
+    layout: Layout,
+    invariance: Invariance,
+    check: Callable[[Layout], tuple[Invariance, list[str]]],
+) -> tuple[Layout, Invariance, list[str], dict[str, Any]] | None:
+    """Where the check shows the mask misread (answers that ignore the input, or that padding
+    moves) and the mask turned round reads it (and padding leaves its answers alone where it
+    moved them): the layout with the mask turned round, its check, and what was found. The
+    model's own config said which way? Then ConfigError naming the fix."""
+    mask = _mask(layout)
+    if mask is None or (_reads(invariance) and invariance.padding <= invariance.tolerance):
+        return None
+    pad = 1 - int(mask.fill)
+    turned = dataclasses.replace(
+        layout,
+        inputs=tuple(dataclasses.replace(i, fill=pad) if i is mask else i for i in layout.inputs),
+    )
+    try:
+        other, failures = check(turned)
+    except ConfigError:
+        return None
+    fixed = "reads its input" if not _reads(invariance) else "padding leaves its answers alone"
+    if not (_reads(other) and (not _reads(invariance) or other.padding <= other.tolerance)):
+        return None
+    name = mask.tensor.name
+    if "pad_value" in spec.config.inputs[name].model_fields_set:
+        raise ConfigError(
+            f"model {spec.name}: input {name} points the other way: with pad_value = "
+            f"{pad} the model {fixed}, with {int(mask.fill)} it does not; set pad_value = {pad}"
+        )
+    log.warning(
+        "model %s: input %s is a mask %s at padding (pad_value = %d): with it the model %s, "
+        "the other way round it did not; write pad_value = %d in its config to say so",
+        spec.name,
+        name,
+        "set" if pad else "clear",
+        pad,
+        fixed,
+        pad,
+    )
+    return turned, other, failures, {"input": name, "pad_value": pad, "because": fixed}
+
+
+def _reads(invariance: Invariance) -> bool:
+    """Whether different sequences got different answers: the model read its input."""
+    return invariance.spread > IGNORED
 
 
 def lone_runner(

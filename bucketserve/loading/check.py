@@ -15,6 +15,11 @@ From the two, the serving policy (`Invariance.policy`): length buckets when neit
 exact-length groups when only padding does, one sequence per run when batching does. Either
 way every answer stays within the tolerance of the model run alone.
 
+A third figure, the spread, says whether the model reads its input as it is fed at all: how
+far apart the answers of different sequences of one length are, each alone. None (every
+sequence answered alike) is a model that cannot be served as configured: a mask that points
+the other way hides every real step (`builder` tries the other way round).
+
 `thread_difference` asks the same of a second session on more threads (the one a batch that
 runs alone gets): its batches against the first session's runs of each sequence alone.
 """
@@ -37,6 +42,7 @@ BatchRun = Callable[[Mapping[str, np.ndarray], int, int], dict[str, np.ndarray]]
 ROWS = (2, 3, 4)  # one short round of the check per entry: that many sequences of one length
 SHORT = 24  # short rounds' lengths lie within this many steps of the shortest
 SCALES = (1.0, 1e-3, 50.0, 0.05)  # row i of a features batch is scaled by SCALES[i % 4]
+IGNORED = 1e-6  # a spread no wider: different sequences answered alike, the input not read
 
 
 def random_sequences(
@@ -102,6 +108,16 @@ class _Runs:
         self._alone[key] = (sequence, answer)  # the sequence kept alive: its id stays its own
         return answer
 
+    def apart(self, sequences: list[np.ndarray]) -> float:
+        """How far the answers of different `sequences` (of one length) are from the first's,
+        each run alone: the most any output of any of them differs."""
+        first = self.alone(sequences[0])
+        return max(
+            difference(self.alone(seq)[name], first[name])
+            for seq in sequences[1:]
+            for name in first
+        )
+
     def worst(self, sequences: list[np.ndarray], rows: int, length: int, what: str) -> float:
         """The worst difference of `sequences` run together from each run alone."""
         try:
@@ -135,7 +151,8 @@ def measure(
     rounds and one at the longest bucket. One sequence of every round then makes a padded
     batch of mixed lengths, the shortest padded to the longest bucket. Every sequence is also
     run alone the way serving runs it: a model that answers otherwise there cannot be served
-    (ConfigError). 21 runs in all.
+    (ConfigError). 21 runs in all (a model that runs one sequence at a time runs a second
+    sequence of each round alone too: the spread is between two).
     """
     runs = _Runs(name, run, layout, together)
     rng = np.random.default_rng(0)
@@ -146,7 +163,7 @@ def measure(
         edge = edges[int(np.searchsorted(edges, length))]
         return max(edge, min(hi, length + max(8, length // 4)))
 
-    padding = batching = 0.0
+    padding = batching = spread = 0.0
     mixed: list[np.ndarray] = []
     rounds = [(rows, int(rng.integers(lo, short + 1))) for rows in ROWS] + [(2, hi)]
     for seed, (rows, length) in enumerate(rounds):
@@ -163,6 +180,7 @@ def measure(
                 )
                 + ": its declared outputs cannot hold what it computes"
             )
+        spread = max(spread, runs.apart(sequences[:2]))
         if not batched:
             continue
         batching = max(batching, runs.worst(sequences, rows, length, "an unpadded batch"))
@@ -172,11 +190,11 @@ def measure(
             )
         mixed.append(sequences[0] if length < hi else sequences[1])
     if not batched:
-        return Invariance(float("inf"), float("inf"), tolerance), runs.failures
+        return Invariance(float("inf"), float("inf"), tolerance, spread), runs.failures
     mixed = sorted(mixed, key=len)
     if len(mixed[0]) < hi:
         padding = max(padding, runs.worst(mixed, len(mixed) + 1, hi, "a padded batch"))
-    return Invariance(padding, batching, tolerance), runs.failures
+    return Invariance(padding, batching, tolerance, spread), runs.failures
 
 
 def thread_difference(

@@ -27,7 +27,12 @@ class InputConfig(_Strict):
     vocab_size: int | None = Field(
         default=None, gt=0, description="tokens: ids lie in [0, vocab_size)"
     )
-    pad_value: float = Field(default=0, description="tokens/features: value at padded positions")
+    pad_value: float = Field(
+        default=0,
+        description="tokens/features: value at padded positions; mask: its value at padding "
+        "(0: ones on real steps, as Hugging Face's attention_mask; 1: a mask set at padding, "
+        "as `ids == pad_id` makes; found at load when not given)",
+    )
     reserved_ids: list[int] | None = Field(
         default=None,
         description="tokens: ids refused inside a sequence; default: the pad id when no mask "
@@ -43,6 +48,8 @@ class InputConfig(_Strict):
 
     @model_validator(mode="after")
     def _tokens_need_vocab(self) -> InputConfig:
+        if self.role is InputRole.MASK and self.pad_value not in (0, 1):
+            raise ValueError("a mask's pad_value is 0 (ones on real steps) or 1 (set at padding)")
         if self.role is not InputRole.TOKENS:
             if self.reserved_ids is not None:
                 raise ValueError("reserved_ids are for a tokens input")

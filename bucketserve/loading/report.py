@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from bucketserve.core.bucketing import Invariance, Policy
-from bucketserve.core.layout import SAME_STEPS, Layout
+from bucketserve.core.layout import SAME_STEPS, InputRole, Layout
 from bucketserve.core.model import SequenceRules
 from bucketserve.loading.repository import ModelSpec
 
@@ -112,6 +112,8 @@ def served_config(
     for inp in layout.inputs:
         assert inp.tensor.batch_axis is not None  # (every input has one)
         config["inputs"][inp.tensor.name] |= _axes(inp.tensor.batch_axis, inp.tensor.time_axis)
+        if inp.role is InputRole.MASK:  # (which way it points: found at load, if not given)
+            config["inputs"][inp.tensor.name]["pad_value"] = int(inp.fill)
     if rules.vocab_size is not None:
         config["inputs"][layout.sequence.tensor.name]["reserved_ids"] = list(rules.reserved_ids)
     if rules.min_length > 1:
@@ -135,6 +137,7 @@ def served_config(
             "batching": _figure(invariance.batching),
             "tolerance": invariance.tolerance,
             "policy": invariance.policy.value,
+            "spread": _figure(invariance.spread),
             "failures": list(failures),
             **({} if single is None else {"single": single}),
         },
