@@ -26,6 +26,7 @@ runs alone gets): its batches against the first session's runs of each sequence 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
@@ -34,6 +35,8 @@ from bucketserve.core.bucketing import Invariance
 from bucketserve.core.layout import Layout
 from bucketserve.core.model import SequenceRules
 from bucketserve.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 Run = Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]  # feeds -> every output
 # feeds of (rows, length) -> every output, as serving runs them (bound buffers of that shape)
@@ -123,7 +126,9 @@ class _Runs:
         try:
             together = self.batch(sequences, rows, length)
         except Exception as exc:  # a batch the model cannot run is one it cannot be served
-            self.failures.append(f"{what} ({rows} x {length}) failed: {exc}")
+            # (the runtime's own words to the log; the config route gets the server's)
+            log.warning("model %s: %s (%d x %d) failed: %s", self.name, what, rows, length, exc)
+            self.failures.append(f"{what} ({rows} x {length}) failed in the runtime")
             return float("inf")
         return max(
             difference(t[name], a[name])

@@ -109,6 +109,7 @@ def served_config(
     config["mode"] = "mutable" if binding == "mutable" else "bucketing"
     config["binding"] = "shared-session" if binding == "mutable" else binding
     config["batching"]["policy"] = policy.value
+    config["batching"]["bucket_count"] = len(spec.config.batching.edges)  # (served, not asked)
     for inp in layout.inputs:
         assert inp.tensor.batch_axis is not None  # (every input has one)
         config["inputs"][inp.tensor.name] |= _axes(inp.tensor.batch_axis, inp.tensor.time_axis)
