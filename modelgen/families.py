@@ -282,3 +282,23 @@ def strided_bilstm(
         [io("ids", INT64, ["batch", "time"])],
         [io("tags", FLOAT, ["batch", "steps", tags])],
     )
+
+
+def pairwise_cost(*, vocab: int = 300, embed: int = 32, seed: int = 41) -> onnx.ModelProto:
+    """A per-step encoder whose graph also computes a product over every pair of rows and steps
+    that it multiplies by zero: answers exact in any batch, cost growing with the square of the
+    rows in it (what a detector whose page images fill a core alone does to batching)."""
+    g = _Graph(seed)
+    x = g.op("Gather", g.weight("embeddings", vocab, embed, scale=0.5), "ids")
+    states = g.op("Tanh", g.op("MatMul", x, g.weight("W", embed, embed)))
+    flat = g.op("Reshape", x, g.const("flat", np.array([-1, embed], np.int64)))
+    gram = g.op("MatMul", flat, g.op("Transpose", flat, perm=[1, 0]))
+    nothing = g.op(
+        "Mul", g.op("ReduceSum", gram, keepdims=0), g.const("zero", np.array(0, np.float32))
+    )
+    g.nodes.append(helper.make_node("Add", [states, nothing], ["states"]))
+    return g.model(
+        "pairwise_cost",
+        [io("ids", INT64, ["batch", "time"])],
+        [io("states", FLOAT, ["batch", "time", embed])],
+    )

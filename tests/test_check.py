@@ -17,6 +17,7 @@ from bucketserve.core.model import SequenceRules
 from bucketserve.errors import ConfigError
 from bucketserve.loading import build_model, load_model_spec
 from bucketserve.loading.check import difference, random_sequences
+from bucketserve.loading.speed import LOSS
 from modelgen.save import save_model
 from tests.helpers import Reference, make_engine, serving, spec_of
 from tests.zoo import ZOO, add_to
@@ -33,6 +34,15 @@ def test_the_check_finds_each_exports_policy(
     expected = Policy(ZOO[name].policy)
     assert model.plan.policy is expected
     checked = model.info.invariance
+    speed = model.info.served_config["check"].get("speed")
+    if name == "pairwise-cost":  # exact in any batch, but batching measured to lose
+        assert checked.policy is Policy.BUCKETS
+        assert speed["ratio"] < LOSS
+        assert speed["batched_per_s"] < speed["single_per_s"]
+        assert "batching loses, served one sequence per run" in caplog.text
+        return
+    if checked.policy is not Policy.SINGLE and speed is not None:  # measured, and it paid
+        assert speed["ratio"] >= LOSS
     assert checked.policy is expected
     tolerance = checked.tolerance
     if expected is Policy.BUCKETS:  # masked: padding and batching leave the answers alone

@@ -146,6 +146,14 @@ ZOO: dict[str, Exhibit] = {
         inline=True,
         steps=lambda t: (t + 1) // 2,
     ),
+    # exact in any batch, its cost the square of the rows: batching measured to lose at load
+    "pairwise-cost": Exhibit(
+        families.pairwise_cost,
+        '[inputs.ids]\nrole = "tokens"\nvocab_size = 300\n[outputs.states]\n'
+        + batching([256, 512, 1024], 8192),
+        "single",
+        inline=True,
+    ),
     # a BiGRU without sequence_lens: the server's copy is given each row's length
     "unmasked-bigru": Exhibit(
         families.unmasked_bigru,

@@ -27,11 +27,12 @@ from bucketserve.errors import ConfigError, brief
 from bucketserve.loading.check import IGNORED, Run, measure, thread_difference
 from bucketserve.loading.layouts import Served, embedding_of, layout_of
 from bucketserve.loading.pad_safe import pad_safe_spec
-from bucketserve.loading.report import log_verdict, pad_safe_report, served_config
+from bucketserve.loading.report import log_speed, log_verdict, pad_safe_report, served_config
 from bucketserve.loading.repository import (
     ModelSpec,
 )
 from bucketserve.loading.served_file import default_cache_dir, served_graph
+from bucketserve.loading.speed import measure_speed
 from bucketserve.runtime.binding import run_bound
 from bucketserve.runtime.executors import Executor, make_executor
 from bucketserve.runtime.sessions import (
@@ -107,6 +108,14 @@ def build_model(
     plan = BucketPlan(
         tuple(batching.edges), batching.max_batch_size, batching.max_batch_tokens, policy
     )
+    speed = None
+    if batching.policy == "auto" and policy is not Policy.SINGLE:  # exact: does it pay?
+        speed = measure_speed(session, layout, rules, plan)
+        if speed is not None:
+            log_speed(spec.name, speed)
+        if speed is not None and speed.batching_loses:
+            policy = Policy.SINGLE
+            plan = dataclasses.replace(plan, policy=policy)
     # Unpadded batches (equal lengths, or one sequence) run at their own shape: one session
     # with buffers at the largest, whatever the config asked for.
     final = wanted if policy is Policy.BUCKETS else "mutable"
@@ -136,6 +145,8 @@ def build_model(
         described["lone_batch_threads"] = lone_batch_threads
     if rewrite is not None:
         described["check"]["pad_safe"] = rewrite
+    if speed is not None:
+        described["check"]["speed"] = speed.described()
     described["check"] |= checked.found
     info = ModelInfo(
         name=spec.name,

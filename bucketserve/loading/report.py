@@ -12,6 +12,7 @@ from bucketserve.core.bucketing import Invariance, Policy
 from bucketserve.core.layout import SAME_STEPS, InputRole, Layout
 from bucketserve.core.model import SequenceRules
 from bucketserve.loading.repository import ModelSpec
+from bucketserve.loading.speed import Speed
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,18 @@ def log_verdict(
         log.info(
             "model %s: %s: %s (batching.policy = %r)", name, figures, SERVED_AS[policy], configured
         )
+
+
+def log_speed(name: str, speed: Speed) -> None:
+    """One line on whether batching pays (`speed`); a warning when it loses."""
+    figures = (
+        f"{speed.rows} rows of {speed.length} batched run {speed.batched_per_s:.0f} sequences/s, "
+        f"one at a time {speed.single_per_s:.0f}/s ({speed.ratio:.2f}x)"
+    )
+    if speed.batching_loses:
+        log.warning("model %s: %s: batching loses, %s", name, figures, SERVED_AS[Policy.SINGLE])
+    else:
+        log.info("model %s: %s", name, figures)
 
 
 def pad_safe_report(

@@ -1,0 +1,83 @@
+"""Whether batching pays, measured at load: after the check has found a model's batches exact,
+a batch at the first quarter's bucket against the same sequences run one at a time, each the way
+serving runs it (into buffers bound at its shape). Batching usually wins several times over; a
+model whose cost grows faster than its rows (an op over every pair of rows and steps, a page
+detector whose images fill a core alone) can lose, and is then served one sequence a run, said
+with the figures. Timings on a shared machine move: only a clear loss (`LOSS`) changes the
+policy, and each side is the fastest of a few tries.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from bucketserve.core.bucketing import BucketPlan
+from bucketserve.core.layout import Layout
+from bucketserve.core.model import SequenceRules
+from bucketserve.loading.check import random_sequences
+from bucketserve.runtime.binding import BufferBinding
+from bucketserve.runtime.sessions import Session
+
+TRIES = 2
+LOSS = 0.8  # batched at under this share of one-at-a-time's throughput: served one at a time
+ROWS = 4  # at most, in the batch measured (enough to show the trend, few runs one at a time)
+
+
+@dataclass(frozen=True)
+class Speed:
+    rows: int
+    length: int
+    batched_per_s: float  # sequences a second, in full batches
+    single_per_s: float  # sequences a second, one a run
+
+    @property
+    def ratio(self) -> float:
+        return self.batched_per_s / self.single_per_s
+
+    @property
+    def batching_loses(self) -> bool:
+        return self.ratio < LOSS
+
+    def described(self) -> dict[str, float | int]:
+        return {
+            "rows": self.rows,
+            "length": self.length,
+            "batched_per_s": round(self.batched_per_s, 1),
+            "single_per_s": round(self.single_per_s, 1),
+            "ratio": round(self.ratio, 2),
+        }
+
+
+def measure_speed(
+    session: Session, layout: Layout, rules: SequenceRules, plan: BucketPlan
+) -> Speed | None:
+    """Batched against one at a time at the first quarter's edge, as many rows as a batch of
+    that length holds (up to `ROWS`), each into buffers bound once at its shape; None when a
+    batch there holds one row (nothing to compare)."""
+    edges = [e for e in plan.edges if e >= rules.min_length] or [plan.max_length]
+    length = edges[len(edges) // 4]
+    rows = min(ROWS, plan.capacity(length))
+    if rows < 2:
+        return None
+    sequences = random_sequences(rules, [length] * rows, seed=5)
+    batch = layout.collate(sequences, rows, length)
+    alone = [layout.collate([seq], 1, length) for seq in sequences]
+    bound = BufferBinding(session, layout, [(rows, length), (1, length)])
+    batched = _fastest(lambda: bound.run(batch, rows, length))
+    single = _fastest(lambda: [bound.run(feeds, 1, length) for feeds in alone])
+    return Speed(rows, length, rows / batched, rows / single)
+
+
+def _fastest(run: Callable[[], object]) -> float:
+    """The fastest of `TRIES` timed runs, after one untimed (buffers bound, caches warm)."""
+    run()
+    times = []
+    for _ in range(TRIES):
+        began = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - began)
+    return float(np.min(times))
