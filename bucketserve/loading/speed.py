@@ -4,7 +4,7 @@ serving runs it (into buffers bound at its shape). Batching usually wins several
 model whose cost grows faster than its rows (an op over every pair of rows and steps, a page
 detector whose images fill a core alone) can lose, and is then served one sequence a run, said
 with the figures. Timings on a shared machine move: only a clear loss (`LOSS`) changes the
-policy, and each side is the fastest of a few tries.
+policy, and each side is the fastest of a few tries, the two sides taking turns.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from bucketserve.loading.check import random_sequences
 from bucketserve.runtime.binding import BufferBinding
 from bucketserve.runtime.sessions import Session
 
-TRIES = 2
+TRIES = 3
 LOSS = 0.8  # batched at under this share of one-at-a-time's throughput: served one at a time
 ROWS = 4  # at most, in the batch measured (enough to show the trend, few runs one at a time)
 
@@ -66,18 +66,24 @@ def measure_speed(
     sequences = random_sequences(rules, [length] * rows, seed=5)
     batch = layout.collate(sequences, rows, length)
     alone = [layout.collate([seq], 1, length) for seq in sequences]
-    bound = BufferBinding(session, layout, [(rows, length), (1, length)])
-    batched = _fastest(lambda: bound.run(batch, rows, length))
-    single = _fastest(lambda: [bound.run(feeds, 1, length) for feeds in alone])
+    together = BufferBinding(session, layout, [(rows, length)])
+    one = BufferBinding(session, layout, [(1, length)])
+    batched, single = _fastest(
+        lambda: together.run(batch, rows, length),
+        lambda: [one.run(feeds, 1, length) for feeds in alone],
+    )
     return Speed(rows, length, rows / batched, rows / single)
 
 
-def _fastest(run: Callable[[], object]) -> float:
-    """The fastest of `TRIES` timed runs, after one untimed (buffers bound, caches warm)."""
-    run()
-    times = []
-    for _ in range(TRIES):
-        began = time.perf_counter()
+def _fastest(*runs: Callable[[], object]) -> list[float]:
+    """Each of `runs` timed `TRIES` times, taking turns (a burst on the machine lands on both),
+    after one untimed round (buffers bound, caches warm): the fastest time of each."""
+    for run in runs:
         run()
-        times.append(time.perf_counter() - began)
-    return float(np.min(times))
+    times: list[list[float]] = [[] for _ in runs]
+    for _ in range(TRIES):
+        for run, taken in zip(runs, times, strict=True):
+            began = time.perf_counter()
+            run()
+            taken.append(time.perf_counter() - began)
+    return [float(np.min(taken)) for taken in times]
