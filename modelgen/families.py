@@ -302,3 +302,18 @@ def pairwise_cost(*, vocab: int = 300, embed: int = 32, seed: int = 41) -> onnx.
         [io("ids", INT64, ["batch", "time"])],
         [io("states", FLOAT, ["batch", "time", embed])],
     )
+
+
+def sample_rate_scaled(*, seed: int = 43) -> onnx.ModelProto:
+    """Raw samples [B, S] and a scalar sample rate `sr` (as speech exports take one): each
+    sample scaled by sr / 16000 through a small per-sample layer. `sr` is no sequence: the
+    server feeds the configured value on every run."""
+    g = _Graph(seed)
+    rate = g.op("Div", g.op("Cast", "sr", to=FLOAT), g.const("base", np.array(16000, np.float32)))
+    scaled = g.op("Unsqueeze", g.op("Mul", "audio", rate), g.const("last", np.array([2], np.int64)))
+    g.nodes.append(helper.make_node("Tanh", [g.linear(scaled, 1, 4)], ["frames"]))
+    return g.model(
+        "sample_rate_scaled",
+        [io("audio", FLOAT, ["batch", "samples"]), io("sr", INT64, [])],
+        [io("frames", FLOAT, ["batch", "samples", 4])],
+    )

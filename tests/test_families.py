@@ -12,6 +12,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
+from bucketserve.errors import ConfigError
 from bucketserve.loading import build_model
 from bucketserve.loading.check import random_sequences
 from modelgen.graphs import IR_VERSION, OPSET
@@ -188,3 +189,45 @@ async def test_a_strided_model_over_kserve_v2_binary(tmp_models: Path) -> None:
         steps = -(-len(sequences[row]) // 4)
         np.testing.assert_allclose(log_probs[row, :steps], want["log_probs"], atol=1e-5)
         assert not log_probs[row, steps:].any()
+
+
+async def test_a_scalar_input_is_a_constant_the_config_gives(tmp_models: Path) -> None:
+    """A sample rate beside the samples: `role = "constant"` with its `value`, fed on every run;
+    not in the metadata, refused when a client sends it, shown on the config route."""
+    add_to(tmp_models, "sample-rate")
+    engine = make_engine(tmp_models)
+    audio = np.linspace(-1, 1, 12, dtype=np.float32)
+    async with serving(engine) as client:
+        metadata = (await client.get("/v2/models/sample-rate")).json()
+        config = (await client.get("/v2/models/sample-rate/config")).json()
+        sent = await client.post(
+            "/v2/models/sample-rate/infer",
+            json={
+                "inputs": [
+                    {"name": "audio", "shape": [1, 12], "datatype": "FP32", "data": audio.tolist()},
+                    {"name": "sr", "shape": [], "datatype": "INT64", "data": [8000]},
+                ]
+            },
+        )
+    assert [i["name"] for i in metadata["inputs"]] == ["audio"]
+    assert config["inputs"]["sr"] == {"role": "constant", "value": 16000.0, "pad_value": 0.0,
+                                      "fill": 0.0}  # fmt: skip
+    assert sent.status_code == 422
+    assert "input sr is a constant the server fills; do not send it" in error_of(sent)[1]
+
+
+@pytest.mark.parametrize(
+    ("lines", "says"),
+    [
+        ('role = "constant"\n', "a constant input needs its value"),
+        ('role = "state"\nvalue = 3\n', "only a constant takes one"),
+    ],
+)
+def test_a_constant_needs_its_value_and_nothing_else_takes_one(
+    tmp_models: Path, lines: str, says: str
+) -> None:
+    folder = add_to(tmp_models, "sample-rate")
+    config = (folder / "config.toml").read_text()
+    (folder / "config.toml").write_text(config.replace('role = "constant"\nvalue = 16000\n', lines))
+    with pytest.raises(ConfigError, match=says):
+        make_engine(tmp_models)

@@ -77,7 +77,11 @@ class Alone:
     def __call__(self, sequence: np.ndarray) -> dict[str, np.ndarray]:
         config, feeds = self.spec.config, {}
         for name, cfg in config.inputs.items():
-            axes, graph = self.spec.axes.inputs[name], self.spec.signature.inputs[name]
+            graph = self.spec.signature.inputs[name]
+            if cfg.role is InputRole.CONSTANT:  # (no axes: the value, in the graph's shape)
+                feeds[name] = np.full(graph.dims, cfg.value).astype(graph.dtype)
+                continue
+            axes = self.spec.axes.inputs[name]
             if cfg.role in (InputRole.TOKENS, InputRole.FEATURES):
                 value = np.moveaxis(sequence[None], (0, 1), (axes.batch, axes.time))
             elif cfg.role is InputRole.LENGTHS:

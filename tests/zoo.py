@@ -154,6 +154,14 @@ ZOO: dict[str, Exhibit] = {
         "single",
         inline=True,
     ),
+    # a scalar sample rate beside the samples: a constant the config gives, fed on every run
+    "sample-rate": Exhibit(
+        families.sample_rate_scaled,
+        '[inputs.audio]\nrole = "features"\n[inputs.sr]\nrole = "constant"\nvalue = 16000\n'
+        "[outputs.frames]\n" + BATCHING,
+        "buckets",
+        inline=True,
+    ),
     # a BiGRU without sequence_lens: the server's copy is given each row's length
     "unmasked-bigru": Exhibit(
         families.unmasked_bigru,

@@ -31,9 +31,11 @@ class InputRole(StrEnum):
     LENGTHS = "lengths"  # each row's length, [batch]
     TOKEN_TYPES = "token_types"  # segment ids, all zeros here, [batch, time]
     STATE = "state"  # e.g. an RNN's initial state; filled like MXNet's `state_names`
+    CONSTANT = "constant"  # one value on every run (a sample rate): the config's, never sent
 
 
 SEQUENCE_ROLES = (InputRole.TOKENS, InputRole.FEATURES)
+FILLED = (InputRole.STATE, InputRole.CONSTANT)  # the server fills them with one value
 
 Outputs = dict[str, np.ndarray]  # one sequence's outputs, by name
 
@@ -128,7 +130,7 @@ class Tensor:
 class Input:
     tensor: Tensor
     role: InputRole
-    fill: float  # the pad value (sequence input; a mask's at padding), a state input's value
+    fill: float  # the pad value (sequence input; a mask's at padding), a state's or constant's
 
 
 @dataclass(frozen=True)
@@ -166,7 +168,7 @@ class Layout:
         feeds: dict[str, np.ndarray] = {}
         for inp in self.inputs:
             tensor = inp.tensor
-            if inp.role is InputRole.STATE:  # no time axis, batch wherever the graph has it
+            if inp.role in FILLED:  # no time axis; a state's batch wherever the graph has it
                 feeds[tensor.name] = np.full(tensor.shape(rows, length), inp.fill, tensor.dtype)
                 continue
             shape = _batch_major(tensor.shape(rows, length), tensor)

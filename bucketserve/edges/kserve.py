@@ -28,7 +28,7 @@ import numpy as np
 
 from bucketserve.core.calls import OFF_LOOP_BYTES, Answer, Call, Texts
 from bucketserve.core.engine import Engine
-from bucketserve.core.layout import Input, InputRole, Tensor
+from bucketserve.core.layout import FILLED, Input, InputRole, Tensor
 from bucketserve.core.model import Model
 from bucketserve.edges.tensors import (
     DATATYPE_OF,
@@ -257,8 +257,8 @@ def _expected(model: Model, name: str) -> Tensor | None:
     inp = next((i for i in model.info.layout.inputs if i.tensor.name == name), None)
     if inp is None:
         raise InvalidInput(f"model {model.name} has no input {quoted(name)}")
-    if inp.role is InputRole.STATE:
-        raise InvalidInput(f"input {name} is a state the server fills; do not send it")
+    if inp.role in FILLED:
+        raise InvalidInput(f"input {name} is a {inp.role.value} the server fills; do not send it")
     return inp.tensor
 
 

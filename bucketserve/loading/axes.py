@@ -108,7 +108,7 @@ def resolve_axes(signature: Signature, config: ModelConfig, fail: Fail) -> Model
     batch_name, time_name = _name(seq_dims[seq_axes.batch]), _name(seq_dims[seq_axes.time])
     inputs = {seq_name: seq_axes}
     for name, cfg in config.inputs.items():
-        if name != seq_name:
+        if name != seq_name and cfg.role is not InputRole.CONSTANT:  # (a constant has none)
             inputs[name] = _input_axes(
                 signature.inputs[name],
                 cfg.role,

@@ -39,6 +39,9 @@ class InputConfig(_Strict):
         "or lengths input tells the model where padding is (then the pad id is its mask)",
     )
     fill: float = Field(default=0.0, description="state: the value the state is filled with")
+    value: float | None = Field(
+        default=None, description="constant: the value fed on every run (a sample rate)"
+    )
     batch_axis: int | None = Field(
         default=None, ge=0, description="the batch axis; default: found from the graph and role"
     )
@@ -48,6 +51,8 @@ class InputConfig(_Strict):
 
     @model_validator(mode="after")
     def _tokens_need_vocab(self) -> InputConfig:
+        if (self.role is InputRole.CONSTANT) != (self.value is not None):
+            raise ValueError("a constant input needs its value, and only a constant takes one")
         if self.role is InputRole.MASK and self.pad_value not in (0, 1):
             raise ValueError("a mask's pad_value is 0 (ones on real steps) or 1 (set at padding)")
         if self.role is not InputRole.TOKENS:

@@ -27,6 +27,17 @@ def _tensor(graph: GraphTensor, axes: Axes) -> Tensor:
     return Tensor(graph.name, graph.dtype, fixed, axes.batch, axes.time)  # type: ignore[arg-type]
 
 
+def _constant(graph: GraphTensor, value: float) -> Input:
+    """A constant input: its whole shape fixed in the graph (a scalar, a [1]), no batch or
+    time axis, `value` everywhere."""
+    if not all(isinstance(d, int) for d in graph.dims):
+        raise ConfigError(
+            f"inputs.{graph.name}: a constant input's dims are fixed; got {list(graph.dims)}"
+        )
+    tensor = Tensor(graph.name, graph.dtype, tuple(graph.dims), batch_axis=None)  # type: ignore[arg-type]
+    return Input(tensor, InputRole.CONSTANT, value)
+
+
 @dataclass(frozen=True)
 class Served:
     """What the request path reads of a model, from its graph and from running it."""
@@ -42,7 +53,9 @@ def layout_of(spec: ModelSpec, run: Run) -> Served:
     model (`run`, a plain run of every output)."""
     sig, axes, config = spec.signature, spec.axes, spec.config
     inputs = tuple(
-        Input(
+        _constant(sig.inputs[name], cfg.value)
+        if cfg.value is not None
+        else Input(
             _tensor(sig.inputs[name], axes.inputs[name]),
             cfg.role,
             cfg.fill if cfg.role is InputRole.STATE else cfg.pad_value,

@@ -124,7 +124,8 @@ def served_config(
     config["batching"]["policy"] = policy.value
     config["batching"]["bucket_count"] = len(spec.config.batching.edges)  # (served, not asked)
     for inp in layout.inputs:
-        assert inp.tensor.batch_axis is not None  # (every input has one)
+        if inp.tensor.batch_axis is None:  # a constant: its value, and no axes
+            continue
         config["inputs"][inp.tensor.name] |= _axes(inp.tensor.batch_axis, inp.tensor.time_axis)
         if inp.role is InputRole.MASK:  # (which way it points: found at load, if not given)
             config["inputs"][inp.tensor.name]["pad_value"] = int(inp.fill)
