@@ -317,3 +317,29 @@ def sample_rate_scaled(*, seed: int = 43) -> onnx.ModelProto:
         [io("audio", FLOAT, ["batch", "samples"]), io("sr", INT64, [])],
         [io("frames", FLOAT, ["batch", "samples", 4])],
     )
+
+
+def declared_one_encoder(*, vocab: int = 300, embed: int = 16, seed: int = 47) -> onnx.ModelProto:
+    """A masked encoder as a trace at batch 1 declares it: ids, mask and both outputs fixed at
+    a batch of 1, while every op works row by row (per-step states, their masked mean)."""
+    g = _Graph(seed)
+    x = g.op("Gather", g.weight("embeddings", vocab, embed, scale=0.5), "input_ids")
+    keep = g.op(
+        "Unsqueeze",
+        g.op("Cast", "attention_mask", to=FLOAT),
+        g.const("last", np.array([2], np.int64)),
+    )
+    g.nodes.append(
+        helper.make_node("Mul", [g.op("Tanh", g.linear(x, embed, embed)), keep], ["states"])
+    )
+    time = g.const("time", np.array([1], np.int64))
+    total = g.op("ReduceSum", "states", time, keepdims=0)
+    count = g.op(
+        "Max", g.op("ReduceSum", keep, time, keepdims=0), g.const("one", np.ones(1, np.float32))
+    )
+    g.nodes.append(helper.make_node("Div", [total, count], ["pooled"]))
+    return g.model(
+        "declared_one_encoder",
+        [io("input_ids", INT64, [1, "sequence"]), io("attention_mask", INT64, [1, "sequence"])],
+        [io("states", FLOAT, [1, "sequence", embed]), io("pooled", FLOAT, [1, embed])],
+    )

@@ -57,6 +57,11 @@ def test_the_check_finds_each_exports_policy(
         assert model.binding == "mutable"  # unpadded batches run at their own shape
     served = model.info.served_config
     assert served["batching"]["policy"] == expected.value
+    freed = served["check"].get("batch_freed")  # a batch declared 1: a freed copy checked
+    assert (freed is not None) == (name in ("declared-one-encoder", "dynamo-batch-one"))
+    if freed is not None:
+        batched = name == "declared-one-encoder"  # row by row; the dynamo export flattens rows
+        assert freed["served"] == ("freed" if batched else "original")
     why = served["check"].get("single")
     if why is not None:  # the graph takes one sequence a run: there is no batch to measure
         assert why == "its batch is fixed at 1"

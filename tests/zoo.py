@@ -162,6 +162,14 @@ ZOO: dict[str, Exhibit] = {
         "buckets",
         inline=True,
     ),
+    # declared for a batch of 1 (a trace's shapes), computed row by row: freed, and batched
+    "declared-one-encoder": Exhibit(
+        families.declared_one_encoder,
+        '[inputs.input_ids]\nrole = "tokens"\nvocab_size = 300\n[inputs.attention_mask]\n'
+        'role = "mask"\n[outputs.states]\n[outputs.pooled]\n' + BATCHING,
+        "buckets",
+        inline=True,
+    ),
     # a BiGRU without sequence_lens: the server's copy is given each row's length
     "unmasked-bigru": Exhibit(
         families.unmasked_bigru,

@@ -24,6 +24,7 @@ from bucketserve.core.bucketing import BucketPlan, Invariance, Policy
 from bucketserve.core.layout import Input, InputRole, Layout
 from bucketserve.core.model import Model, ModelInfo, SequenceRules
 from bucketserve.errors import ConfigError, brief
+from bucketserve.loading.batch_free import freed_spec
 from bucketserve.loading.check import IGNORED, Run, measure, thread_difference
 from bucketserve.loading.layouts import Served, embedding_of, layout_of
 from bucketserve.loading.pad_safe import pad_safe_spec
@@ -75,6 +76,10 @@ def build_model(
     wanted = binding or (spec.config.binding if spec.config.mode == "bucketing" else "mutable")
     cache = cache_dir or default_cache_dir()
     checked = _checked(spec, wanted, cache)
+    freed: dict[str, Any] | None = None
+    if spec.axes.batch_fixed and spec.config.batching.policy == "auto":
+        checked, freed = _batch_freed(checked, wanted, cache)
+    spec = checked.spec
     rewrite: dict[str, Any] | None = None
     if (
         checked.invariance.policy is Policy.EXACT_LENGTH
@@ -143,6 +148,8 @@ def build_model(
     )
     if lone is not None:
         described["lone_batch_threads"] = lone_batch_threads
+    if freed is not None:
+        described["check"]["batch_freed"] = freed
     if rewrite is not None:
         described["check"]["pad_safe"] = rewrite
     if speed is not None:
@@ -178,6 +185,38 @@ def build_model(
         checked_s,
     )
     return model
+
+
+def _batch_freed(checked: _Checked, binding: str, cache: Path) -> tuple[_Checked, dict[str, Any]]:
+    """A model declared for a batch of 1: its copy with the declaration freed, checked, and
+    served where the check finds it batches exactly (`batch_free`); else the original."""
+    name = checked.spec.name
+    try:
+        again = _checked(freed_spec(checked.spec, cache), binding, cache)
+    except Exception as exc:  # a ConfigError, or ONNX Runtime refusing the freed copy
+        log.warning(
+            "model %s: with its batch-1 declaration freed, its copy fails the check (%s): "
+            "served one sequence a run",
+            name,
+            brief(str(exc)),
+        )
+        return checked, {"served": "original", "check": "failed (logged)"}
+    policy = again.invariance.policy if again.served.single is None else Policy.SINGLE
+    if policy is Policy.SINGLE:
+        log.info(
+            "model %s: declared for a batch of 1, and its graph does not batch exactly (%s): "
+            "served one sequence a run",
+            name,
+            again.served.single or f"batching moves its answers by {again.invariance.batching:.2g}",
+        )
+        return checked, {"served": "original", "policy": policy.value}
+    log.info(
+        "model %s: declared for a batch of 1, its graph batches exactly: served from a copy "
+        "with the declaration freed (%s)",
+        name,
+        policy.value,
+    )
+    return again, {"served": "freed", "policy": policy.value}
 
 
 @dataclass(frozen=True)
