@@ -49,12 +49,13 @@ def ctc_fbank(
 
 
 def line_recogniser(
-    *, height: int = 32, width: int = 24, vocab: int = 40, seed: int = 12
+    *, height: int = 32, width: int = 24, vocab: int = 40, seed: int = 12, free_height: bool = False
 ) -> onnx.ModelProto:
     """An OCR line recogniser over an NCHW image [B, 3, 32, W], width as time: a convolution
     of stride 8 makes a column every 8 pixels ([B, 24, 1, W/8]), global attention over all the
     columns (padding included: pad-sensitive) mixes in the whole line, and each column gives
-    letter logits [B, floor(W / 8), 40]."""
+    letter logits [B, floor(W / 8), 40]. `free_height`: declared [B, 3, H, W], as exporters
+    write it, though it runs at 32 only."""
     g = _Graph(seed)
     x = g.op("Relu", _conv(g, "image", 3, width, [height, 8], strides=[height, 8]))
     cols = g.op(
@@ -72,7 +73,7 @@ def line_recogniser(
     g.nodes.append(helper.make_node("Identity", [g.linear(mixed, width, vocab)], ["logits"]))
     return g.model(
         "line_recogniser",
-        [io("image", FLOAT, ["N", 3, height, "W"])],
+        [io("image", FLOAT, ["N", 3, "H" if free_height else height, "W"])],
         [io("logits", FLOAT, ["N", "W_out", vocab])],
     )
 

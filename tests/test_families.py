@@ -231,3 +231,33 @@ def test_a_constant_needs_its_value_and_nothing_else_takes_one(
     (folder / "config.toml").write_text(config.replace('role = "constant"\nvalue = 16000\n', lines))
     with pytest.raises(ConfigError, match=says):
         make_engine(tmp_models)
+
+
+@pytest.mark.parametrize(
+    ("lines", "says"),
+    [
+        (
+            "",
+            r"\[N, 3, H, W\] has 3 free dims \(0, 2, 3\): which is time\? set time_axis, and "
+            r"give every other free dim but the batch its size with shape \(e.g. shape = "
+            r"\[-1, 3, 32, -1\]\)",
+        ),
+        ("time_axis = 3\n", r"dim 2 of \[N, 3, H, W\] is free but neither the batch nor the"),
+        ("time_axis = 3\nshape = [-1, 4, 32, -1]\n", r"dim 1 is fixed at 3 in the graph, not 4"),
+        ("time_axis = 3\nshape = [-1, 32, -1]\n", r"\[-1, 32, -1\] has 3 dims, the graph's"),
+        ("time_axis = 3\nshape = [-1, 3, 0, -1]\n", r"each dim is a size, or -1"),
+    ],
+    ids=["three-free", "height-free", "not-the-graphs", "rank", "zero"],
+)
+def test_three_free_dims_ask_which_is_time_and_a_size_for_the_others(
+    tmp_models: Path, lines: str, says: str
+) -> None:
+    """NCHW declared with height and width free: channels are never taken for time; the
+    error names what to write, and `shape` fixes a free dim (checked against the graph)."""
+    folder = add_to(tmp_models, "ocr-line-free-height")
+    config = (folder / "config.toml").read_text()
+    (folder / "config.toml").write_text(
+        config.replace("time_axis = 3\nshape = [-1, 3, 32, -1]\n", lines)
+    )
+    with pytest.raises(ConfigError, match=says):
+        make_engine(tmp_models)

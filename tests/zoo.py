@@ -98,6 +98,16 @@ ZOO: dict[str, Exhibit] = {
         steps=lambda w: w // 8,
         min_length=8,
     ),
+    # the same, declared [N, 3, H, W] (three free dims): the config names time, fixes H
+    "ocr-line-free-height": Exhibit(
+        lambda: families.line_recogniser(free_height=True),
+        '[inputs.image]\nrole = "features"\ntime_axis = 3\nshape = [-1, 3, 32, -1]\n'
+        "[outputs.logits]\n" + batching([32, 64, 128], 1024),
+        "exact-length",
+        inline=True,
+        steps=lambda w: w // 8,
+        min_length=8,
+    ),
     # raw samples [B, S] -> frames [B, F, 16]; frames read only real samples: buckets
     "raw-audio": Exhibit(
         families.raw_audio,

@@ -86,7 +86,8 @@ def _check(
             raise fail(
                 field,
                 f"dim {i} of {_shown(tensor.dims)} is free but neither the batch nor the time "
-                "axis: fix its size in the graph, or name the axes (batch_axis, time_axis)",
+                "axis: give its size with shape (-1 on the batch and time axes), or name the "
+                "axes (batch_axis, time_axis)",
             )
     return axes
 
@@ -161,6 +162,13 @@ def _sequence_axes(seq: GraphTensor, config: ModelConfig, fail: Fail) -> tuple[A
             f"features], [batch, channels, height, width]...); got {_shown(dims)}",
         )
     free = [i for i, d in enumerate(dims) if not isinstance(d, int)]
+    if len(free) > 2 and cfg.time_axis is None:
+        raise fail(
+            field,
+            f"{_shown(dims)} has {len(free)} free dims ({', '.join(map(str, free))}): which is "
+            "time? set time_axis, and give every other free dim but the batch its size with "
+            f"shape (e.g. {_example(dims, free)})",
+        )
     guess = (0, 1)
     if len(free) == 2:
         guess = (free[0], free[1])
@@ -170,6 +178,13 @@ def _sequence_axes(seq: GraphTensor, config: ModelConfig, fail: Fail) -> tuple[A
     time = cfg.time_axis if cfg.time_axis is not None else guess[1]
     batch_fixed = batch < len(dims) and dims[batch] == 1
     return _check(seq, Axes(batch, time), field, fail, batch_fixed), batch_fixed
+
+
+def _example(dims: Sequence[Dim], free: list[int]) -> str:
+    """A `shape` for `dims` that keeps the first and last free dims, and fixes the others."""
+    keep = {free[0], free[-1]}
+    sizes = [-1 if i in keep else (d if isinstance(d, int) else 32) for i, d in enumerate(dims)]
+    return f"shape = {sizes}"
 
 
 def _input_axes(

@@ -42,6 +42,11 @@ class InputConfig(_Strict):
     value: float | None = Field(
         default=None, description="constant: the value fed on every run (a sample rate)"
     )
+    shape: list[int] | None = Field(
+        default=None,
+        description="the input's dims, -1 where the graph's stay (the batch and time axes): "
+        "fixes a dim the graph leaves free (an image's height); default: the graph's",
+    )
     batch_axis: int | None = Field(
         default=None, ge=0, description="the batch axis; default: found from the graph and role"
     )
@@ -51,6 +56,8 @@ class InputConfig(_Strict):
 
     @model_validator(mode="after")
     def _tokens_need_vocab(self) -> InputConfig:
+        if self.shape is not None and any(d == 0 or d < -1 for d in self.shape):
+            raise ValueError("shape: each dim is a size, or -1 to keep the graph's")
         if (self.role is InputRole.CONSTANT) != (self.value is not None):
             raise ValueError("a constant input needs its value, and only a constant takes one")
         if self.role is InputRole.MASK and self.pad_value not in (0, 1):

@@ -6,7 +6,9 @@ config's names. Which axis is the batch and which is time is `axes`'s question.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,6 +53,22 @@ def _tensor(value: onnx.ValueInfoProto) -> GraphTensor:
     )
 
 
+def _shaped(
+    tensor: GraphTensor, shape: list[int], fail: Callable[[str, str], ConfigError]
+) -> GraphTensor:
+    """`tensor` with the config's `shape` over its declared dims: each size given fixes a free
+    dim (or repeats a fixed one); -1 keeps the graph's."""
+    field = f"inputs.{tensor.name}.shape"
+    if len(shape) != len(tensor.dims):
+        raise fail(field, f"{shape} has {len(shape)} dims, the graph's input {len(tensor.dims)}")
+    dims: list[Dim] = []
+    for axis, (given, declared) in enumerate(zip(shape, tensor.dims, strict=True)):
+        if given != -1 and isinstance(declared, int) and declared != given:
+            raise fail(field, f"dim {axis} is fixed at {declared} in the graph, not {given}")
+        dims.append(declared if given == -1 else given)
+    return dataclasses.replace(tensor, dims=tuple(dims))
+
+
 def tensor_bytes(tensor: onnx.TensorProto) -> int:
     """The size of a tensor's data, whichever field holds it."""
     itemsize = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
@@ -90,12 +108,14 @@ def read_signature(onnx_path: Path, config: ModelConfig) -> Signature:
     outputs = {v.name: _tensor(v) for v in graph.output}
     fail = functools.partial(ConfigError.at, onnx_path)
 
-    for name in config.inputs:
+    for name, cfg in config.inputs.items():
         if name not in inputs:
             raise fail(
                 f"inputs.{name}",
                 f"the graph has no such input (it has {sorted(inputs)}): rename the section",
             )
+        if cfg.shape is not None:
+            inputs[name] = _shaped(inputs[name], cfg.shape, fail)
     for name in inputs:
         if name not in config.inputs:
             raise fail(
