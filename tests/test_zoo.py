@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 
 from bucketserve.core.bucketing import Policy
-from bucketserve.core.layout import InputRole
+from bucketserve.core.layout import InputRole, Layout
+from bucketserve.edges.kserve import LENGTHS_INPUT, with_batch_axis
+from bucketserve.edges.tensors import DATATYPE_OF
 from bucketserve.loading import ModelSpec
 from bucketserve.loading.check import random_sequences
 from bucketserve.runtime.sessions import GraphFile, side_session
@@ -64,6 +66,76 @@ async def test_every_answer_equals_the_model_alone(
                 if tensor.per_step:
                     assert got.shape[tensor.row_time_axis] == steps(len(seq)), (output, len(seq))
                 np.testing.assert_allclose(got, alone, rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.parametrize("name", list(ZOO))
+async def test_every_answer_over_kserve_v2_equals_the_model_alone(
+    tmp_models: Path, name: str
+) -> None:
+    """The same over KServe v2: requests of three rows padded to their longest, in the model's
+    own axes, each row's length told the model's way (its mask, the model's way round; its
+    lengths input; else `sequence_lengths`), outputs read back in their own axes."""
+    add_to(tmp_models, name)
+    engine = make_engine(tmp_models, max_queue_delay_ms=5)
+    model = engine.model(name)
+    rules, layout = model.info.rules, model.info.layout
+    rng = np.random.default_rng(len(name) + 1)
+    lengths = [int(n) for n in rng.integers(rules.min_length, model.plan.max_length + 1, 12)]
+    sequences = random_sequences(rules, lengths, seed=4, scaled=True)
+    requests = [sequences[i : i + 3] for i in range(0, len(sequences), 3)]
+    async with serving(engine) as client:
+        responses = await asyncio.gather(
+            *(client.post(f"/v2/models/{name}/infer", json=v2_body(layout, r)) for r in requests)
+        )
+
+    reference = Alone(spec_of(tmp_models, name))
+    tolerance = model.info.invariance.tolerance
+    for request, response in zip(requests, responses, strict=True):
+        assert response.status_code == 200, response.text
+        outputs = {o["name"]: o for o in response.json()["outputs"]}
+        for row, seq in enumerate(request):
+            for output, alone in reference(seq).items():
+                tensor = with_batch_axis(layout.output(output))
+                sent = outputs[output]
+                rows = tensor.to_batch_major(np.asarray(sent["data"]).reshape(sent["shape"]))
+                got = rows[row]
+                if tensor.per_step:  # zeros past the row's own steps
+                    steps = alone.shape[tensor.row_time_axis]
+                    assert not got[steps:].any(), (output, len(seq))
+                    got = tensor.row_as_sent(got[:steps])
+                np.testing.assert_allclose(got, alone, rtol=tolerance, atol=tolerance)
+
+
+def v2_body(layout: Layout, sequences: list[np.ndarray]) -> dict[str, Any]:
+    """A v2 request of `sequences` padded to their longest, in the model's own axes."""
+    rows, longest = len(sequences), max(len(s) for s in sequences)
+    lengths = np.array([len(s) for s in sequences])
+    sequence = layout.sequence
+    padded = np.full((rows, longest, *sequences[0].shape[1:]), sequence.fill, sequences[0].dtype)
+    for row, seq in enumerate(sequences):
+        padded[row, : len(seq)] = seq
+    tensors = {sequence.tensor.name: sequence.tensor.to_model_axes(padded)}
+    for inp in layout.inputs:
+        if inp.role is InputRole.MASK:
+            real = np.arange(longest) < lengths[:, None]
+            tensors[inp.tensor.name] = inp.tensor.to_model_axes(
+                (real != bool(inp.fill)).astype(inp.tensor.dtype)
+            )
+        elif inp.role is InputRole.LENGTHS:
+            tensors[inp.tensor.name] = lengths.astype(inp.tensor.dtype)
+    if not any(i.role in (InputRole.MASK, InputRole.LENGTHS) for i in layout.inputs):
+        tensors[LENGTHS_INPUT] = lengths
+    return {
+        "inputs": [
+            {
+                "name": name,
+                "shape": list(array.shape),
+                "datatype": DATATYPE_OF[array.dtype],
+                "data": array.ravel().tolist(),
+            }
+            for name, array in tensors.items()
+        ]
+    }
 
 
 class Alone:
