@@ -344,3 +344,35 @@ def declared_one_encoder(*, vocab: int = 300, embed: int = 16, seed: int = 47) -
         [io("input_ids", INT64, [1, "sequence"]), io("attention_mask", INT64, [1, "sequence"])],
         [io("states", FLOAT, [1, "sequence", embed]), io("pooled", FLOAT, [1, embed])],
     )
+
+
+def clamped_head(*, vocab: int = 300, embed: int = 12, seed: int = 53) -> onnx.ModelProto:
+    """Per-step states and a head over their first max(1, floor((T + 3) / 8)) steps (an
+    adaptive pooling that keeps at least one): the rule floor((T + 3) / 8) holds from 5 steps
+    on, below that the size is clamped at 1."""
+    g = _Graph(seed)
+    x = g.op("Gather", g.weight("embeddings", vocab, embed, scale=0.5), "ids")
+    states = g.op("Tanh", g.linear(x, embed, embed))
+    length = g.op("Shape", "ids", start=1, end=2)
+    kept = g.op(
+        "Max",
+        g.op(
+            "Div",
+            g.op("Add", length, g.const("three", np.array([3], np.int64))),
+            g.const("eight", np.array([8], np.int64)),
+        ),
+        g.const("one", np.array([1], np.int64)),
+    )
+    first = g.op(
+        "Slice",
+        states,
+        g.const("start", np.array([0], np.int64)),
+        kept,
+        g.const("axis", np.array([1], np.int64)),
+    )
+    g.nodes.append(helper.make_node("Identity", [first], ["head"]))
+    return g.model(
+        "clamped_head",
+        [io("ids", INT64, ["batch", "time"])],
+        [io("head", FLOAT, ["batch", "kept", embed])],
+    )

@@ -5,6 +5,7 @@ bad sequence that failed every sequence beside it."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -261,3 +262,22 @@ def test_three_free_dims_ask_which_is_time_and_a_size_for_the_others(
     )
     with pytest.raises(ConfigError, match=says):
         make_engine(tmp_models)
+
+
+async def test_an_output_rule_from_some_length_on_makes_that_length_the_shortest(
+    tmp_models: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A head over max(1, floor((T + 3) / 8)) steps follows floor((T + 3) / 8) from 5 steps:
+    served from there, a shorter sequence refused naming the length, the log saying why."""
+    add_to(tmp_models, "clamped-head")
+    with caplog.at_level(logging.INFO, logger="bucketserve.loading"):
+        engine = make_engine(tmp_models)
+    assert engine.model("clamped-head").info.rules.min_length == 5
+    assert "output head follows floor((T + 3) / 8) from 5 steps" in caplog.text
+    async with serving(engine) as client:
+        short = await client.post("/predict", json={"sequences": [[7, 8, 9, 10, 11], [1, 2, 3]]})
+    assert short.status_code == 422
+    assert (
+        "sequence 1: length 3 is shorter than the model takes (at least 5 steps)"
+        in (error_of(short)[1])
+    )

@@ -180,6 +180,15 @@ ZOO: dict[str, Exhibit] = {
         "buckets",
         inline=True,
     ),
+    # a head over the first max(1, floor((T + 3) / 8)) steps: its rule holds from 5 steps on
+    "clamped-head": Exhibit(
+        families.clamped_head,
+        '[inputs.ids]\nrole = "tokens"\nvocab_size = 300\n[outputs.head]\n' + BATCHING,
+        "buckets",
+        inline=True,
+        steps=lambda t: (t + 3) // 8,
+        min_length=5,
+    ),
     # a BiGRU without sequence_lens: the server's copy is given each row's length
     "unmasked-bigru": Exhibit(
         families.unmasked_bigru,

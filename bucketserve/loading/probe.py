@@ -7,8 +7,9 @@
   run two and three sequences, the dim that counts them is the batch.
 - How each output's time axis follows the input's (`Steps`, floor((T + a) / s)): found by
   searching for the lengths where it grows, then checked at every bucket edge, the shortest
-  and longest lengths and random ones between. An output whose length follows no such rule
-  refuses to load: the server must know every output shape it will bind.
+  and longest lengths and random ones between. A rule that holds only from some length on (a
+  size clamped below) makes that length the shortest served. An output whose length follows
+  no such rule refuses to load: the server must know every output shape it will bind.
 - Whether rows stay apart: a model whose batch is fixed at 1, or whose outputs do not count
   the rows of a batch (an output declared [1, ...] that merges them, one flattened over batch
   and time), is served one sequence a run, and says why.
@@ -20,6 +21,7 @@ the input's, step for step.
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -31,6 +33,8 @@ from bucketserve.errors import ConfigError
 from bucketserve.loading.axes import Axes, check_per_step
 from bucketserve.loading.check import Run, random_sequences
 from bucketserve.loading.repository import ModelSpec
+
+log = logging.getLogger(__name__)
 
 Shapes = dict[str, tuple[int, ...]]
 VERIFIED_RANDOM = 8  # random lengths a step rule is checked at, besides the bucket edges
@@ -156,13 +160,24 @@ def probe(spec: ModelSpec, run: Run, inputs: Layout, rules: SequenceRules) -> Pr
         fixed = tuple(None if i in (batch, time) else size[i] for i in range(len(size)))
         found[name] = (batch, time, fixed)
     outputs = {}
+    served_from = shortest
     for name, (batch, time, fixed) in found.items():
         steps = SAME_STEPS
         if time is not None and name not in spec.axes.by_name:
-            steps = _steps(name, shapes, time, shortest, longest, edges, fail)
+            steps, since = _steps(name, shapes, time, shortest, longest, edges, fail)
+            if since > served_from:
+                log.info(
+                    "model %s: output %s follows %s from %d steps: a shorter sequence is "
+                    "refused, naming that length",
+                    spec.name,
+                    name,
+                    steps,
+                    since,
+                )
+                served_from = since
         dtype = spec.signature.outputs[name].dtype
         outputs[name] = Tensor(name, dtype, fixed, batch, time, steps)
-    return Probed(shortest, outputs, single)
+    return Probed(served_from, outputs, single)
 
 
 def _shortest(shapes: _Shapes, longest: int, fail: Callable[[str, str], ConfigError]) -> int:
@@ -250,9 +265,11 @@ def _steps(
     longest: int,
     edges: list[int],
     fail: Callable[[str, str], ConfigError],
-) -> Steps:
+) -> tuple[Steps, int]:
     """How output `name`'s time axis follows the input's, checked at every length of
-    `verification_lengths` and every length run so far."""
+    `verification_lengths` and every length run so far, and the length it follows it from:
+    a rule that holds only past some length (a size clamped below, as an adaptive pooling
+    keeps one step) holds from the least length past the last it misses."""
 
     def size(length: int) -> int:
         return shapes.at(1, length)[name][axis]
@@ -261,6 +278,11 @@ def _steps(
         steps = fit_steps(size, shortest, longest)
         checked = sorted({*verification_lengths(shortest, longest, edges), *shapes.lengths_alone})
         wrong = [n for n in checked if steps is None or steps.of(n) != size(n)]
+        since = shortest
+        if steps is not None and wrong and max(wrong) < longest:  # from some length on?
+            rule = steps
+            since = _first_above(lambda n: rule.of(n) == size(n), 0, max(wrong), longest) or 0
+            wrong = [n for n in checked if n >= since and rule.of(n) != size(n)]
     except _Failed as exc:
         raise fail(f"outputs.{name}", f"running the model alone to measure it: {exc}") from None
     if steps is None or wrong:
@@ -270,4 +292,4 @@ def _steps(
             f"its time axis follows the input's by no rule floor((T + a) / s) ({shown}...): "
             "the server could not know the shape it will bind",
         )
-    return steps
+    return steps, since
