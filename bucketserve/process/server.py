@@ -16,8 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
+import os
 import signal
+import socket
 from collections.abc import Iterator, Sequence
 from typing import Protocol
 
@@ -91,6 +94,7 @@ class HttpListener:
         self._closed = asyncio.Event()  # every connection closed, once the drain began
         self._draining = False
         self._task: asyncio.Task[None] | None = None
+        self._taking: set[asyncio.Task[object]] = set()  # backlog connections being taken in
 
     def _connection_closed(self, still_open: int) -> None:
         if self._draining and still_open == 0:
@@ -106,9 +110,31 @@ class HttpListener:
             raise OSError(f"HTTP did not start on {self.config.host}:{self.config.port}")
 
     def stop_accepting(self) -> None:
+        """New connects refused, never accepted and then dropped: the connections the kernel
+        has already accepted (its backlog, which closing the listener would reset) are taken
+        in and answered (503, draining), then the listener closed."""
         self._draining = True
+        loop = asyncio.get_running_loop()
         for server in self.server.servers:
-            server.close()  # a new connect is refused, never accepted and then dropped
+            # a second handle on each listening socket keeps it, and its backlog, past close()
+            held = [socket.socket(fileno=os.dup(s.fileno())) for s in server.sockets]
+            server.close()
+            for listening in held:
+                with listening:
+                    listening.setblocking(False)
+                    for accepted in iter(functools.partial(_accepted, listening), None):
+                        taken = loop.create_task(
+                            loop.connect_accepted_socket(self._protocol, accepted)
+                        )
+                        self._taking.add(taken)
+                        taken.add_done_callback(self._taking.discard)
+
+    def _protocol(self) -> asyncio.Protocol:
+        """A connection's protocol, as uvicorn makes one for the connections it accepts."""
+        server = self.server
+        return self.config.http_protocol_class(  # type: ignore[call-arg]
+            config=self.config, server_state=server.server_state, app_state=server.lifespan.state
+        )
 
     async def drain(self, until: float) -> None:
         self._draining = True
@@ -130,6 +156,16 @@ class HttpListener:
         self.server.should_exit = True
         if self._task is not None:
             await asyncio.gather(self._task, return_exceptions=True)
+
+
+def _accepted(listening: socket.socket) -> socket.socket | None:
+    """The next connection in `listening`'s backlog, or None when it is empty."""
+    try:
+        connection, _ = listening.accept()
+    except (BlockingIOError, InterruptedError):
+        return None
+    connection.setblocking(False)
+    return connection
 
 
 def grpc_listener(wired: Wired) -> Listener:
