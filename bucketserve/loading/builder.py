@@ -1,10 +1,14 @@
 """The builder: a model spec becomes a ready model.
 
 spec -> the file its sessions load (for session-per-key, written once so they share weights)
--> a load-time session -> layout and rules (`layouts`) -> the invariance check and the policy
-it allows -> the bucket plan -> an executor (and, on a CPU, a second one on every core for a
-batch that runs alone, when it answers as the first) -> the keys the config asks for bound and
-warm -> `Model`. The loader (`loader`) calls it for every model of a repository.
+-> a load-time session -> layout and rules (`layouts`) -> the invariance check (the mask
+turned round where it points the other way, `mask_way`; a model that does not read its input
+refused) and the policy it allows, where a copy may serve better checked too (a batch-1
+declaration freed, `batch_free`; RNNs given each row's length, `pad_safe`) -> whether
+batching pays (`speed`) -> the bucket plan -> an executor (and, on a CPU, a second one on
+every core for a batch that runs alone, when it answers as the first) -> the keys the config
+asks for bound and warm -> `Model`. The loader (`loader`) calls it for every model of a
+repository.
 """
 
 from __future__ import annotations
@@ -13,7 +17,6 @@ import dataclasses
 import functools
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,12 +24,13 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from bucketserve.core.bucketing import BucketPlan, Invariance, Policy
-from bucketserve.core.layout import Input, InputRole, Layout
+from bucketserve.core.layout import Layout
 from bucketserve.core.model import Model, ModelInfo, SequenceRules
 from bucketserve.errors import ConfigError, brief
 from bucketserve.loading.batch_free import freed_spec
-from bucketserve.loading.check import IGNORED, Run, measure, thread_difference
+from bucketserve.loading.check import Run, measure, thread_difference
 from bucketserve.loading.layouts import Served, embedding_of, layout_of
+from bucketserve.loading.mask_way import mask_of, mask_way, reads_input
 from bucketserve.loading.pad_safe import pad_safe_spec
 from bucketserve.loading.report import log_speed, log_verdict, pad_safe_report, served_config
 from bucketserve.loading.repository import (
@@ -236,7 +240,7 @@ class _Checked:
 def _checked(spec: ModelSpec, binding: str, cache_dir: Path) -> _Checked:
     """The file `spec`'s sessions load, one session on it for load time, the layout found by
     running it, and the invariance check; a mask turned round where the check shows it points
-    the other way (`_mask_way`). ConfigError for a model that does not read its input."""
+    the other way (`mask_way`). ConfigError for a model that does not read its input."""
     static = binding == "session-per-key"
     graph = served_graph(spec, cache_dir, static)
     # One session for what load time runs (probes, the check). Session-per-key shares the
@@ -261,72 +265,19 @@ def _checked(spec: ModelSpec, binding: str, cache_dir: Path) -> _Checked:
 
     invariance, failures = check(served.layout)
     found: dict[str, Any] = {}
-    turned = _mask_way(spec, served.layout, invariance, check)
+    turned = mask_way(spec, served.layout, invariance, check)
     if turned is not None:
         layout, invariance, failures, found["mask"] = turned
         served = dataclasses.replace(served, layout=layout)
-    if not invariance.spread > IGNORED:
+    if not reads_input(invariance):
         raise ConfigError(
             f"model {spec.name}: answers the same whatever the sequence (different sequences "
             f"alone differ by {invariance.spread:.2g}): it does not read its input as the server "
             "feeds it; check each input's role"
-            + (", and the mask's pad_value" if _mask(served.layout) is not None else "")
+            + (", and the mask's pad_value" if mask_of(served.layout) is not None else "")
         )
     seconds = time.perf_counter() - began
     return _Checked(spec, graph, session, served, invariance, failures, seconds, found)
-
-
-def _mask(layout: Layout) -> Input | None:
-    return next((i for i in layout.inputs if i.role is InputRole.MASK), None)
-
-
-def _mask_way(
-    spec: ModelSpec,
-    layout: Layout,
-    invariance: Invariance,
-    check: Callable[[Layout], tuple[Invariance, list[str]]],
-) -> tuple[Layout, Invariance, list[str], dict[str, Any]] | None:
-    """Where the check shows the mask misread (answers that ignore the input, or that padding
-    moves) and the mask turned round reads it (and padding leaves its answers alone where it
-    moved them): the layout with the mask turned round, its check, and what was found. The
-    model's own config said which way? Then ConfigError naming the fix."""
-    mask = _mask(layout)
-    if mask is None or (_reads(invariance) and invariance.padding <= invariance.tolerance):
-        return None
-    pad = 1 - int(mask.fill)
-    turned = dataclasses.replace(
-        layout,
-        inputs=tuple(dataclasses.replace(i, fill=pad) if i is mask else i for i in layout.inputs),
-    )
-    try:
-        other, failures = check(turned)
-    except ConfigError:
-        return None
-    fixed = "reads its input" if not _reads(invariance) else "padding leaves its answers alone"
-    if not (_reads(other) and (not _reads(invariance) or other.padding <= other.tolerance)):
-        return None
-    name = mask.tensor.name
-    if "pad_value" in spec.config.inputs[name].model_fields_set:
-        raise ConfigError(
-            f"model {spec.name}: input {name} points the other way: with pad_value = "
-            f"{pad} the model {fixed}, with {int(mask.fill)} it does not; set pad_value = {pad}"
-        )
-    log.warning(
-        "model %s: input %s is a mask %s at padding (pad_value = %d): with it the model %s, "
-        "the other way round it did not; write pad_value = %d in its config to say so",
-        spec.name,
-        name,
-        "set" if pad else "clear",
-        pad,
-        fixed,
-        pad,
-    )
-    return turned, other, failures, {"input": name, "pad_value": pad, "because": fixed}
-
-
-def _reads(invariance: Invariance) -> bool:
-    """Whether different sequences got different answers: the model read its input."""
-    return invariance.spread > IGNORED
 
 
 def lone_runner(
