@@ -6,13 +6,17 @@ element against every form) sees it. The costs are measured by `loadtest.costly_
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import orjson
 import pytest
 
+from bucketserve.edges import kserve
 from bucketserve.edges.http import common
 from bucketserve.edges.http.common import parse_json
 from bucketserve.edges.http.openai_api import check_input, parse_embeddings
 from bucketserve.errors import MalformedRequest
+from tests.helpers import error_of, make_engine, serving
 
 STEPS = 65_536  # the default --max-request-tokens
 
@@ -76,3 +80,26 @@ def test_openai_input_is_checked_by_hand(given: object, says: str) -> None:
 @pytest.mark.parametrize("given", ["text", ["a", "b"], [1, 2, 3.0], [[1], [2, 3]]])
 def test_every_form_openai_documents_passes(given: object) -> None:
     check_input(given)
+
+
+async def test_a_body_with_more_values_than_its_model_takes_is_refused_unparsed(
+    tmp_models: Path,
+) -> None:
+    """/predict and v2 bound a large body's values by what a request may carry (v2: the path's
+    model, every input a client sends at its longest; /predict: every step at the widest
+    model's step): a megabyte of floats for a token model is refused by its count."""
+    engine = make_engine(tmp_models, "tiny-encoder")
+    model = engine.model("tiny-encoder")
+    most = kserve.most_values(model, engine.settings.max_sequences)
+    ids, mask, types = 1, 1, 1  # per step, the inputs a client sends
+    assert most == 256 * model.plan.max_length * (ids + mask + types) + 256
+    floats = [0.5] * 250_000
+    v2 = {"inputs": [{"name": "input_ids", "shape": [1, len(floats)], "datatype": "FP32",
+                      "data": floats}]}  # fmt: skip
+    async with serving(engine) as client:
+        over_v2 = await client.post("/v2/models/tiny-encoder/infer", json=v2)
+        over_predict = await client.post("/predict", json={"sequences": [floats] * 2})
+    assert over_v2.status_code == 400
+    assert "values, more than the" in error_of(over_v2)[1]
+    assert over_predict.status_code == 400
+    assert "values, more than the" in error_of(over_predict)[1]

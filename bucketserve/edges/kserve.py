@@ -20,6 +20,7 @@ padded to the longest of them.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -377,3 +378,18 @@ def triton_config(model: Model) -> dict[str, Any]:
         "output": [tensor(t) for t in described["outputs"]],
         "dynamic_batching": {},
     }
+
+
+def most_values(model: Model, rows: int) -> int:
+    """The most numbers a v2 request for `model` can carry: `rows` sequences at its longest,
+    in every input a client sends, and their `sequence_lengths` (a request's limits allow no
+    more, so a JSON body that holds more is refused before it is parsed)."""
+    length, total = model.plan.max_length, rows
+    for inp in model.info.layout.inputs:
+        tensor = inp.tensor
+        if inp.role not in CLIENT_INPUTS:
+            continue
+        free = (tensor.batch_axis, tensor.time_axis)
+        step = math.prod(d for i, d in enumerate(tensor.dims) if i not in free and d is not None)
+        total += rows * (length if tensor.time_axis is not None else 1) * step
+    return total

@@ -56,14 +56,20 @@ def header_length(value: str | None, body_size: int) -> int | None:
 
 
 def decode_request(
-    body: bytes, json_length: int | None, model: str, version: str | None, steps: int = 0
+    body: bytes,
+    json_length: int | None,
+    model: str,
+    version: str | None,
+    steps: int = 0,
+    values: int | None = None,
 ) -> Decoded:
     """A v2 request body (JSON, or a JSON header and binary tensors) as a `V2Request`; every
-    tensor byte accounted for."""
+    tensor byte accounted for. `steps`, `values`: what `parse_json` bounds the JSON by."""
     head, binary = body, memoryview(b"")
     if json_length is not None:
         head, binary = body[:json_length], memoryview(body)[json_length:]
-    request: InferRequest = validate(InferRequest, parse_json(head, steps), "infer request")
+    parsed = parse_json(head, steps, values)
+    request: InferRequest = validate(InferRequest, parsed, "infer request")
     named = request.model_name  # (KServe's clients repeat the path's model in the body)
     if named and named != model:
         raise InvalidInput(f"model_name {quoted(named)} is not the path's {quoted(model)}")

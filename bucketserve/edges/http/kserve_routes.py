@@ -11,6 +11,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 
+from bucketserve.core.engine import Engine
 from bucketserve.core.model import Model
 from bucketserve.edges import kserve
 from bucketserve.edges.http.common import (
@@ -50,7 +51,7 @@ from bucketserve.edges.kserve import (
     repository_parameters,
     triton_config,
 )
-from bucketserve.errors import MalformedRequest, ModelNotFound
+from bucketserve.errors import BucketserveError, MalformedRequest, ModelNotFound
 
 router = APIRouter(prefix="/v2", tags=["KServe v2"])
 
@@ -217,6 +218,16 @@ async def repository_unload(request: Request, name: str) -> Response:
     return json_response({})
 
 
+def _most_values(engine: Engine, name: str, version: str | None) -> int | None:
+    """The most numbers a request for the model may carry (`kserve.most_values`); None when
+    the model is not served (the infer call says why, after the body is read)."""
+    try:
+        model = engine.model(name, version)
+    except BucketserveError:
+        return None
+    return kserve.most_values(model, engine.settings.max_sequences)
+
+
 async def _parameters(request: Request, allowed: tuple[str, ...]) -> None:
     """A load's or an unload's body: none, or `{"parameters": {...}}` with only the
     parameters `allowed` (`kserve.repository_parameters`)."""
@@ -259,7 +270,8 @@ async def infer(request: Request, name: str, version: str | None) -> Response:
     binary = media_type(request) != JSON  # (a JSON body is JSON whole, whatever a header says)
     json_length = header_length(request.headers.get(HEADER_LENGTH), len(body)) if binary else None
     steps = engine.settings.max_request_tokens
-    decoded = await off_loop(decode_request, body, json_length, name, version, steps)
+    values = _most_values(engine, name, version)
+    decoded = await off_loop(decode_request, body, json_length, name, version, steps, values)
     work = kserve.infer(engine, decoded.request, request_id(request), [request_timeout_ms(request)])
     answer, tensors = await unless_client_leaves(request, work)
     model = answer.model

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Request, Response
@@ -60,10 +61,13 @@ class PredictResponse(BaseModel):
     outputs: list[dict[str, Any]] = Field(description="one per input sequence, in order")
 
 
-def parse_predict(raw: bytes, steps: int) -> tuple[str | None, Inputs, tuple[str, ...] | None]:
+def parse_predict(
+    raw: bytes, steps: int, values: int | None = None
+) -> tuple[str | None, Inputs, tuple[str, ...] | None]:
     """The body's model, inputs and outputs, every mistake of its form named before the core
-    takes it (what the model makes of them, the core decides)."""
-    body = parse_json(raw, steps)
+    takes it (what the model makes of them, the core decides). `steps`, `values`: what
+    `parse_json` bounds the JSON by."""
+    body = parse_json(raw, steps, values)
     if not isinstance(body, dict):
         raise MalformedRequest("body must be a JSON object")
     unknown = set(body) - FIELDS
@@ -110,8 +114,13 @@ def parse_predict(raw: bytes, steps: int) -> tuple[str | None, Inputs, tuple[str
 async def predict(request: Request) -> Response:
     engine = engine_of(request)
     raw = await read_body(request, engine.settings.max_body_bytes)
-    steps = engine.settings.max_request_tokens
-    name, inputs, outputs = await off_loop(parse_predict, raw, steps)
+    limits = engine.settings
+    steps = limits.max_request_tokens
+    # the most numbers a request may carry: every step at the widest model's step, or texts
+    widest = max((math.prod(m.info.rules.step_shape) for m in engine.registry.models.values()),
+                 default=1)  # fmt: skip
+    values = steps * widest + limits.max_sequences
+    name, inputs, outputs = await off_loop(parse_predict, raw, steps, values)
     call = Call(inputs, name, None, outputs, request_timeout_ms(request), request_id(request))
     answer = await unless_client_leaves(request, engine.infer(call))
     return json_response({"model": answer.model.name, "outputs": answer.outputs})
