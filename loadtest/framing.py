@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.util
-import os
 import re
 import socket
 import statistics
@@ -199,8 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     env = {"BUCKETSERVE_MODELS": str(args.models)}
     commands = layers(args.models)
     requests = traffic(args.models, 2000)
-    logs = Path(tempfile.mkdtemp(prefix="framing-"))
     with ExitStack() as stack:
+        logs = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="framing-")))
         urls = {}
         for i, (name, command) in enumerate(commands.items()):
             _, urls[name] = stack.enter_context(
@@ -233,5 +232,4 @@ def _held(url: str, case: Case) -> bool:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("PYTHONUNBUFFERED", "1")
     raise SystemExit(main())
