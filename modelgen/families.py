@@ -376,3 +376,21 @@ def clamped_head(*, vocab: int = 300, embed: int = 12, seed: int = 53) -> onnx.M
         [io("ids", INT64, ["batch", "time"])],
         [io("head", FLOAT, ["batch", "kept", embed])],
     )
+
+
+def unbatched_frames(*, width: int = 40, classes: int = 3, seed: int = 59) -> onnx.ModelProto:
+    """Frames with no batch axis at all, as some exports take one utterance: [T, 40] -> per-
+    frame scores [T] and class logits [T, 3]."""
+    g = _Graph(seed)
+    hidden = g.op("Tanh", g.linear("frames", width, 16))
+    g.nodes.append(helper.make_node("Identity", [g.linear(hidden, 16, classes)], ["logits"]))
+    g.nodes.append(
+        helper.make_node(
+            "ReduceMean", [hidden, g.const("last", np.array([1], np.int64))], ["score"], keepdims=0
+        )
+    )
+    return g.model(
+        "unbatched_frames",
+        [io("frames", FLOAT, ["T", width])],
+        [io("score", FLOAT, ["T"]), io("logits", FLOAT, ["T", classes])],
+    )

@@ -281,3 +281,20 @@ async def test_an_output_rule_from_some_length_on_makes_that_length_the_shortest
         "sequence 1: length 3 is shorter than the model takes (at least 5 steps)"
         in (error_of(short)[1])
     )
+
+
+async def test_an_input_without_a_batch_axis_is_served_one_sequence_a_run(
+    tmp_models: Path,
+) -> None:
+    """Frames [T, 40] with no batch axis at all: found (the one free dim is time), served one
+    sequence a run, said on the config route."""
+    add_to(tmp_models, "unbatched-frames")
+    engine = make_engine(tmp_models)
+    check = engine.model("unbatched-frames").info.served_config
+    assert check["inputs"]["frames"]["time_axis"] == 0
+    assert check["check"]["single"] == "it has no batch axis"
+    sequences = [np.ones((3, 40)).tolist(), np.zeros((7, 40)).tolist()]
+    async with serving(engine) as client:
+        answer = await client.post("/predict", json={"sequences": sequences})
+    assert answer.status_code == 200
+    assert [len(o["score"]) for o in answer.json()["outputs"]] == [3, 7]

@@ -82,7 +82,8 @@ async def test_every_answer_over_kserve_v2_equals_the_model_alone(
     rng = np.random.default_rng(len(name) + 1)
     lengths = [int(n) for n in rng.integers(rules.min_length, model.plan.max_length + 1, 12)]
     sequences = random_sequences(rules, lengths, seed=4, scaled=True)
-    requests = [sequences[i : i + 3] for i in range(0, len(sequences), 3)]
+    rows = 3 if layout.sequence.tensor.batch_axis is not None else 1  # (none: one, as is)
+    requests = [sequences[i : i + rows] for i in range(0, len(sequences), rows)]
     async with serving(engine) as client:
         responses = await asyncio.gather(
             *(client.post(f"/v2/models/{name}/infer", json=v2_body(layout, r)) for r in requests)
@@ -154,7 +155,9 @@ class Alone:
                 feeds[name] = np.full(graph.dims, cfg.value).astype(graph.dtype)
                 continue
             axes = self.spec.axes.inputs[name]
-            if cfg.role in (InputRole.TOKENS, InputRole.FEATURES):
+            if cfg.role in (InputRole.TOKENS, InputRole.FEATURES) and axes.batch is None:
+                value = np.moveaxis(sequence, 0, axes.time)  # (an input without a batch axis)
+            elif cfg.role in (InputRole.TOKENS, InputRole.FEATURES):
                 value = np.moveaxis(sequence[None], (0, 1), (axes.batch, axes.time))
             elif cfg.role is InputRole.LENGTHS:
                 value = np.array([len(sequence)])

@@ -189,6 +189,14 @@ ZOO: dict[str, Exhibit] = {
         steps=lambda t: (t + 3) // 8,
         min_length=5,
     ),
+    # frames [T, 40] with no batch axis at all: found, served one utterance a run
+    "unbatched-frames": Exhibit(
+        families.unbatched_frames,
+        '[inputs.frames]\nrole = "features"\n[outputs.score]\n[outputs.logits]\n' + BATCHING,
+        "single",
+        inline=True,
+        batch_axes={"score": None, "logits": None},
+    ),
     # a BiGRU without sequence_lens: the server's copy is given each row's length
     "unmasked-bigru": Exhibit(
         families.unmasked_bigru,

@@ -205,8 +205,9 @@ class Layout:
 
 
 def _batch_major(shape: tuple[int, ...], tensor: Tensor) -> tuple[int, ...]:
-    """An input's `shape` (in its own axis order) reordered to [batch, time, the rest]."""
-    assert tensor.batch_axis is not None  # (every input has one)
-    front = [tensor.batch_axis] + ([] if tensor.time_axis is None else [tensor.time_axis])
+    """An input's `shape` (in its own axis order) reordered to [batch, time, the rest]; one
+    without a batch axis gets one of 1 in front (`to_model_axes` takes it off again)."""
+    front = [a for a in (tensor.batch_axis, tensor.time_axis) if a is not None]
     rest = [i for i in range(len(shape)) if i not in front]
-    return tuple(shape[i] for i in front + rest)
+    reordered = tuple(shape[i] for i in front + rest)
+    return reordered if tensor.batch_axis is not None else (1, *reordered)

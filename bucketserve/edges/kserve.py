@@ -186,7 +186,9 @@ class TensorInputs:
         if text is not None:
             return max(0, text.shape[0]) if text.shape else 0
         sequence = model.info.layout.sequence.tensor
-        assert sequence.batch_axis is not None  # (every input has one)
+        if sequence.batch_axis is None:  # a model without one takes one sequence, as is
+            wire = next((w for w in self.tensors if w.name == sequence.name), None)
+            return int(wire is not None and len(wire.shape) == len(sequence.dims))
         return self._declared(sequence, sequence.batch_axis)
 
     def steps(self, model: Model) -> int | None:

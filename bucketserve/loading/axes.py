@@ -28,11 +28,11 @@ Fail = Callable[[str, str], ConfigError]
 
 @dataclass(frozen=True)
 class Axes:
-    batch: int
+    batch: int | None  # None: a sequence input without one (an export that takes one sequence)
     time: int | None = None
 
     def free(self) -> tuple[int, ...]:
-        return (self.batch,) if self.time is None else (self.batch, self.time)
+        return tuple(a for a in (self.batch, self.time) if a is not None)
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,7 @@ class ModelAxes:
     time_names: tuple[str, ...]
     batch_fixed: bool = False  # the sequence input's batch is fixed at 1: one sequence a run
     by_name: frozenset[str] = frozenset()  # outputs whose time axis is the input's, by its name
+    unbatched: bool = False  # the sequence input has no batch axis at all: one sequence a run
 
     @property
     def unresolved(self) -> list[str]:
@@ -106,10 +107,18 @@ def resolve_axes(signature: Signature, config: ModelConfig, fail: Fail) -> Model
     seq_axes, batch_fixed = _sequence_axes(signature.inputs[seq_name], config, fail)
     assert seq_axes.time is not None
     seq_dims = signature.inputs[seq_name].dims
-    batch_name, time_name = _name(seq_dims[seq_axes.batch]), _name(seq_dims[seq_axes.time])
+    unbatched = seq_axes.batch is None
+    batch_name = None if unbatched else _name(seq_dims[seq_axes.batch])  # type: ignore[index]
+    time_name = _name(seq_dims[seq_axes.time])
     inputs = {seq_name: seq_axes}
     for name, cfg in config.inputs.items():
         if name != seq_name and cfg.role is not InputRole.CONSTANT:  # (a constant has none)
+            if unbatched:
+                raise fail(
+                    f"inputs.{name}",
+                    f"{seq_name} has no batch axis, so the model takes a sequence alone: its "
+                    'other inputs can only be constants (role = "constant", with a value)',
+                )
             inputs[name] = _input_axes(
                 signature.inputs[name],
                 cfg.role,
@@ -145,14 +154,21 @@ def resolve_axes(signature: Signature, config: ModelConfig, fail: Fail) -> Model
         names(lambda a: a.time),
         batch_fixed,
         by_name,
+        unbatched,
     )
 
 
 def _sequence_axes(seq: GraphTensor, config: ModelConfig, fail: Fail) -> tuple[Axes, bool]:
     """The sequence input's axes (the config's, else its two free dims, batch first, or a
-    first dim fixed at 1 and one free dim), and whether its batch is fixed at 1."""
+    first dim fixed at 1 and one free dim, or a features input's one free dim and no batch
+    axis at all: `[T, 576]` frames), and whether it runs one sequence at a time."""
     cfg, dims = config.inputs[seq.name], seq.dims
     field = f"inputs.{seq.name}"
+    free = [i for i, d in enumerate(dims) if not isinstance(d, int)]
+    lone = len(free) == 1 and not (free[0] != 0 and dims[0] == 1)  # not [1, time]: no batch
+    if lone and cfg.batch_axis is None and cfg.role is InputRole.FEATURES:
+        time = cfg.time_axis if cfg.time_axis is not None else free[0]
+        return _check(seq, Axes(None, time), field, fail), True
     if cfg.role is InputRole.TOKENS and len(dims) != 2:
         raise fail(field, f"a tokens input has [batch, time]; got {_shown(dims)}")
     if len(dims) < 2:
@@ -161,7 +177,6 @@ def _sequence_axes(seq: GraphTensor, config: ModelConfig, fail: Fail) -> tuple[A
             "a features input has a batch and a time axis ([batch, samples], [batch, time, "
             f"features], [batch, channels, height, width]...); got {_shown(dims)}",
         )
-    free = [i for i, d in enumerate(dims) if not isinstance(d, int)]
     if len(free) > 2 and cfg.time_axis is None:
         raise fail(
             field,

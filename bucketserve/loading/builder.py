@@ -81,7 +81,7 @@ def build_model(
     cache = cache_dir or default_cache_dir()
     checked = _checked(spec, wanted, cache)
     freed: dict[str, Any] | None = None
-    if spec.axes.batch_fixed and spec.config.batching.policy == "auto":
+    if spec.axes.batch_fixed and not spec.axes.unbatched and spec.config.batching.policy == "auto":
         checked, freed = _batch_freed(checked, wanted, cache)
     spec = checked.spec
     rewrite: dict[str, Any] | None = None

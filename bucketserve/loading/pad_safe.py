@@ -47,6 +47,8 @@ def unmasked_recurrences(model: onnx.ModelProto) -> list[onnx.NodeProto]:
 def pad_safe_spec(spec: ModelSpec, cache_dir: Path) -> tuple[ModelSpec, list[str]] | None:
     """The spec of the model's pad-safe copy and the nodes it rewrote, or None when no
     recurrent node lacks the lengths."""
+    if spec.axes.unbatched:  # (one sequence a run: no padding to be safe from)
+        return None
     proto = onnx.load(str(spec.onnx_path), load_external_data=False)
     nodes = unmasked_recurrences(proto)
     if not nodes:
@@ -73,7 +75,7 @@ def _write_pad_safe(lengths: str) -> Callable[[ModelSpec, Path], None]:
         graph = model.graph
         if all(i.name != lengths for i in graph.input):
             seq = spec.signature.inputs[spec.config.sequence_input]
-            batch = seq.dims[spec.axes.inputs[seq.name].batch]
+            batch = seq.dims[spec.axes.inputs[seq.name].batch or 0]
             graph.input.append(helper.make_tensor_value_info(lengths, TensorProto.INT64, [batch]))
         as_int32 = f"{lengths}_int32"
         graph.node.insert(0, helper.make_node("Cast", [lengths], [as_int32], to=TensorProto.INT32))

@@ -135,7 +135,9 @@ def probe(spec: ModelSpec, run: Run, inputs: Layout, rules: SequenceRules) -> Pr
     lengths = sorted({shortest, (shortest + longest) // 2, longest})
     open_axes = any(spec.axes.outputs[name] is None for name in names)
     alone = {n: shapes.at(1, n) for n in lengths} if open_axes else {}
-    single = "its batch is fixed at 1" if spec.axes.batch_fixed else None
+    single = None
+    if spec.axes.batch_fixed:
+        single = "it has no batch axis" if spec.axes.unbatched else "its batch is fixed at 1"
     found: dict[str, tuple[int | None, int | None, tuple[int | None, ...]]] = {}
     for name in names:
         given = spec.axes.outputs[name]

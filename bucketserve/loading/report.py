@@ -124,7 +124,9 @@ def served_config(
     config["batching"]["policy"] = policy.value
     config["batching"]["bucket_count"] = len(spec.config.batching.edges)  # (served, not asked)
     for inp in layout.inputs:
-        if inp.tensor.batch_axis is None:  # a constant: its value, and no axes
+        if inp.tensor.batch_axis is None:  # a constant, or a sequence input without a batch
+            if inp.tensor.time_axis is not None:
+                config["inputs"][inp.tensor.name]["time_axis"] = inp.tensor.time_axis
             continue
         config["inputs"][inp.tensor.name] |= _axes(inp.tensor.batch_axis, inp.tensor.time_axis)
         if inp.role is InputRole.MASK:  # (which way it points: found at load, if not given)

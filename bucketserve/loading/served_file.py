@@ -83,7 +83,7 @@ def _anonymous(spec: ModelSpec) -> tuple[bool, bool]:
     batch = time = False
     for name, axes in spec.axes.inputs.items():
         dims = spec.signature.inputs[name].dims
-        batch |= dims[axes.batch] is None
+        batch |= axes.batch is not None and dims[axes.batch] is None
         time |= axes.time is not None and dims[axes.time] is None
     return batch, time
 
@@ -195,7 +195,8 @@ def _write_copy(spec: ModelSpec, onnx_path: Path) -> None:
     inputs = {v.name: v for v in graph.input}
     for name, axes in spec.axes.inputs.items():
         dims = inputs[name].type.tensor_type.shape.dim
-        dims[axes.batch].dim_param = dims[axes.batch].dim_param or BATCH_NAME
+        if axes.batch is not None:  # (an input without one stays so)
+            dims[axes.batch].dim_param = dims[axes.batch].dim_param or BATCH_NAME
         if axes.time is not None:
             dims[axes.time].dim_param = dims[axes.time].dim_param or TIME_NAME
     source, folded = onnx_path.with_name("source.onnx"), onnx_path.with_name("folded.onnx")
