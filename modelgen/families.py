@@ -285,7 +285,7 @@ def strided_bilstm(
     )
 
 
-def pairwise_cost(*, vocab: int = 300, embed: int = 32, seed: int = 41) -> onnx.ModelProto:
+def pairwise_cost(*, vocab: int = 300, embed: int = 64, seed: int = 41) -> onnx.ModelProto:
     """A per-step encoder whose graph also computes a product over every pair of rows and steps
     that it multiplies by zero: answers exact in any batch, cost growing with the square of the
     rows in it (what a detector whose page images fill a core alone does to batching)."""

@@ -160,7 +160,7 @@ ZOO: dict[str, Exhibit] = {
     "pairwise-cost": Exhibit(
         families.pairwise_cost,
         '[inputs.ids]\nrole = "tokens"\nvocab_size = 300\n[outputs.states]\n'
-        + batching([256, 512, 1024], 8192),
+        + batching([512, 1024], 8192),
         "single",
         inline=True,
     ),

@@ -4,7 +4,9 @@ serving runs it (into buffers bound at its shape). Batching usually wins several
 model whose cost grows faster than its rows (an op over every pair of rows and steps, a page
 detector whose images fill a core alone) can lose, and is then served one sequence a run, said
 with the figures. Timings on a shared machine move: only a clear loss (`LOSS`) changes the
-policy, and each side is the fastest of a few tries, the two sides taking turns.
+policy, each side is the fastest of a few tries, the two sides taking turns, a loss is
+measured twice before it is believed, and a batch that runs in under 2 ms (the runtime's
+overhead, mostly) never turns it.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from bucketserve.runtime.sessions import Session
 
 TRIES = 3
 LOSS = 0.8  # batched at under this share of one-at-a-time's throughput: served one at a time
+MIN_RUN_S = 0.002  # a batch's run shorter than this never turns the policy
 ROWS = 4  # at most, in the batch measured (enough to show the trend, few runs one at a time)
 
 
@@ -33,6 +36,7 @@ class Speed:
     length: int
     batched_per_s: float  # sequences a second, in full batches
     single_per_s: float  # sequences a second, one a run
+    batch_s: float  # one batch's run
 
     @property
     def ratio(self) -> float:
@@ -40,7 +44,9 @@ class Speed:
 
     @property
     def batching_loses(self) -> bool:
-        return self.ratio < LOSS
+        """A clear loss, on runs long enough to tell: under `MIN_RUN_S` a batch is mostly the
+        runtime's overhead, and a loss there is the machine's noise."""
+        return self.ratio < LOSS and self.batch_s >= MIN_RUN_S
 
     def described(self) -> dict[str, float | int]:
         return {
@@ -68,11 +74,19 @@ def measure_speed(
     alone = [layout.collate([seq], 1, length) for seq in sequences]
     together = BufferBinding(session, layout, [(rows, length)])
     one = BufferBinding(session, layout, [(1, length)])
-    batched, single = _fastest(
-        lambda: together.run(batch, rows, length),
-        lambda: [one.run(feeds, 1, length) for feeds in alone],
-    )
-    return Speed(rows, length, rows / batched, rows / single)
+
+    def measured() -> Speed:
+        batched, single = _fastest(
+            lambda: together.run(batch, rows, length),
+            lambda: [one.run(feeds, 1, length) for feeds in alone],
+        )
+        return Speed(rows, length, rows / batched, rows / single, batched)
+
+    speed = measured()
+    if speed.batching_loses:  # said twice before it is believed (a burst lands on one side)
+        again = measured()
+        speed = max(speed, again, key=lambda s: s.ratio)
+    return speed
 
 
 def _fastest(*runs: Callable[[], object]) -> list[float]:
