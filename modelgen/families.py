@@ -207,12 +207,7 @@ def padding_mask_bigru(
     steps = g.op("Transpose", y, perm=[2, 0, 1, 3])  # [T, 2, B, H] -> [B, T, 2, H]
     merged = g.op("Reshape", steps, g.const("merge", np.array([0, 0, 2 * hidden], np.int64)))
     g.nodes.append(helper.make_node("Mul", [merged, keep], ["states"]))
-    time = g.const("time", np.array([1], np.int64))
-    total = g.op("ReduceSum", "states", time, keepdims=0)
-    count = g.op(
-        "Max", g.op("ReduceSum", keep, time, keepdims=0), g.const("one", np.ones(1, np.float32))
-    )
-    g.nodes.append(helper.make_node("Div", [total, count], ["pooled"]))
+    g.masked_mean("states", keep, "pooled")
     return g.model(
         "padding_mask_bigru",
         [
@@ -265,18 +260,7 @@ def strided_bilstm(
         g.const("axis", np.array([1], np.int64)),
         g.const("stride", np.array([2], np.int64)),
     )
-    w = g.weight("W", 2, 4 * hidden, embed, scale=1 / np.sqrt(embed))
-    r = g.weight("R", 2, 4 * hidden, hidden, scale=1 / np.sqrt(hidden))
-    b = g.weight("B", 2, 8 * hidden, scale=0.1)
-    y, _ = g.ops(
-        "LSTM",
-        [g.op("Transpose", every_second, perm=[1, 0, 2]), w, r, b],
-        2,
-        hidden_size=hidden,
-        direction="bidirectional",
-    )
-    steps = g.op("Transpose", y, perm=[2, 0, 1, 3])  # [T', 2, B, H] -> [B, T', 2, H]
-    merged = g.op("Reshape", steps, g.const("merge", np.array([0, 0, 2 * hidden], np.int64)))
+    merged = g.bilstm(every_second, embed, hidden)  # [B, T', 2 * hidden]
     g.nodes.append(helper.make_node("Identity", [g.linear(merged, 2 * hidden, tags)], ["tags"]))
     return g.model(
         "strided_bilstm",
@@ -333,12 +317,7 @@ def declared_one_encoder(*, vocab: int = 300, embed: int = 16, seed: int = 47) -
     g.nodes.append(
         helper.make_node("Mul", [g.op("Tanh", g.linear(x, embed, embed)), keep], ["states"])
     )
-    time = g.const("time", np.array([1], np.int64))
-    total = g.op("ReduceSum", "states", time, keepdims=0)
-    count = g.op(
-        "Max", g.op("ReduceSum", keep, time, keepdims=0), g.const("one", np.ones(1, np.float32))
-    )
-    g.nodes.append(helper.make_node("Div", [total, count], ["pooled"]))
+    g.masked_mean("states", keep, "pooled")
     return g.model(
         "declared_one_encoder",
         [io("input_ids", INT64, [1, "sequence"]), io("attention_mask", INT64, [1, "sequence"])],

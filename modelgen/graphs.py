@@ -56,6 +56,30 @@ class _Graph:
             self.const("b", np.zeros(d_out, np.float32)),
         )
 
+    def bilstm(self, x: str, width: int, hidden: int, lengths: str | None = None) -> str:
+        """A bidirectional LSTM over batch-major `x` [B, T, width] -> [B, T, 2 * hidden]."""
+        w = self.weight("W", 2, 4 * hidden, width, scale=1 / np.sqrt(width))
+        r = self.weight("R", 2, 4 * hidden, hidden, scale=1 / np.sqrt(hidden))
+        b = self.weight("B", 2, 8 * hidden, scale=0.1)
+        time_major = self.op("Transpose", x, perm=[1, 0, 2])
+        inputs = [time_major, w, r, b] + ([lengths] if lengths is not None else [])
+        y, _ = self.ops("LSTM", inputs, 2, hidden_size=hidden, direction="bidirectional")
+        steps = self.op("Transpose", y, perm=[2, 0, 1, 3])  # [T, 2, B, H] -> [B, T, 2, H]
+        return self.op(
+            "Reshape", steps, self.const("merge", np.array([0, 0, 2 * hidden], np.int64))
+        )
+
+    def masked_mean(self, states: str, keep: str, out: str) -> None:
+        """`out`: the mean of `states` [B, T, D] over the steps `keep` [B, T, 1] marks (1)."""
+        time = self.const("time", np.array([1], np.int64))
+        total = self.op("ReduceSum", states, time, keepdims=0)
+        count = self.op(
+            "Max",
+            self.op("ReduceSum", keep, time, keepdims=0),
+            self.const("one", np.ones(1, np.float32)),
+        )
+        self.nodes.append(helper.make_node("Div", [total, count], [out]))
+
     def layer_norm(self, x: str, dim: int) -> str:
         return self.op(
             "LayerNormalization",

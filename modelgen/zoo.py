@@ -21,18 +21,6 @@ from modelgen.graphs import _Graph
 INT32, INT64, FLOAT = TensorProto.INT32, TensorProto.INT64, TensorProto.FLOAT
 
 
-def _bilstm(g: _Graph, x: str, width: int, hidden: int, lengths: str | None) -> str:
-    """A bidirectional LSTM over batch-major `x` [B, T, width] -> [B, T, 2 * hidden]."""
-    w = g.weight("W", 2, 4 * hidden, width, scale=1 / np.sqrt(width))
-    r = g.weight("R", 2, 4 * hidden, hidden, scale=1 / np.sqrt(hidden))
-    b = g.weight("B", 2, 8 * hidden, scale=0.1)
-    time_major = g.op("Transpose", x, perm=[1, 0, 2])
-    inputs = [time_major, w, r, b] + ([lengths] if lengths is not None else [])
-    y, _ = g.ops("LSTM", inputs, 2, hidden_size=hidden, direction="bidirectional")
-    steps = g.op("Transpose", y, perm=[2, 0, 1, 3])  # [T, 2, B, H] -> [B, T, 2, H]
-    return g.op("Reshape", steps, g.const("merge", np.array([0, 0, 2 * hidden], np.int64)))
-
-
 def keras_bilstm(
     *, vocab: int = 800, embed: int = 24, hidden: int = 32, tags: int = 9, seed: int = 3
 ) -> onnx.ModelProto:
@@ -49,7 +37,7 @@ def keras_bilstm(
         keepdims=0,
     )
     x = g.op("Gather", g.weight("embeddings", vocab, embed, scale=0.5), ids)
-    steps = _bilstm(g, x, embed, hidden, lengths)
+    steps = g.bilstm(x, embed, hidden, lengths)
     logits = g.op(
         "Add", g.op("MatMul", steps, g.weight("kernel", 2 * hidden, tags)), g.weight("bias", tags)
     )
@@ -68,7 +56,7 @@ def bilstm_tagger(
     the padding, so padded batches change its answers (pad-sensitive, batch-invariant)."""
     g = _Graph(seed)
     x = g.op("Gather", g.weight("embeddings", vocab, embed, scale=0.5), "ids")
-    steps = _bilstm(g, x, embed, hidden, None)
+    steps = g.bilstm(x, embed, hidden)
     logits = g.op(
         "Add", g.op("MatMul", steps, g.weight("kernel", 2 * hidden, tags)), g.weight("bias", tags)
     )
