@@ -373,3 +373,23 @@ def unbatched_frames(*, width: int = 40, classes: int = 3, seed: int = 59) -> on
         [io("frames", FLOAT, ["T", width])],
         [io("score", FLOAT, ["T"]), io("logits", FLOAT, ["T", classes])],
     )
+
+
+def text_detector(*, channels: int = 8, grid: int = 32, seed: int = 61) -> onnx.ModelProto:
+    """A text detector over page images [N, 3, H, W], H and W free, as DBNet-style exports
+    are: full-resolution features plus a context path pooled over `grid` x `grid` cells and
+    upsampled back, added together, then a probability map [N, 1, H, W]. The sum broadcasts
+    only where H and W are multiples of 32: at any other width ONNX Runtime refuses to run."""
+    g = _Graph(seed)
+    near = g.op("Relu", _conv(g, "image", 3, channels, [3, 3], pads=[1, 1, 1, 1]))
+    cells = g.op("Relu", _conv(g, near, channels, channels, [grid, grid], strides=[grid, grid]))
+    scales = g.const("scales", np.array([1, 1, grid, grid], np.float32))
+    context = g.op("Resize", cells, "", scales, mode="nearest")
+    mixed = g.op("Relu", g.op("Add", near, context))
+    logits = _conv(g, mixed, channels, 1, [3, 3], pads=[1, 1, 1, 1])
+    g.nodes.append(helper.make_node("Sigmoid", [logits], ["maps"]))
+    return g.model(
+        "text_detector",
+        [io("image", FLOAT, ["N", 3, "H", "W"])],
+        [io("maps", FLOAT, ["N", 1, "H", "W"])],
+    )

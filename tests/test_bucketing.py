@@ -51,6 +51,19 @@ def test_exact_length_plan_keys_every_length() -> None:
     assert exact.bucket_of(5) == 8
 
 
+def test_a_plan_at_a_multiple_runs_each_length_rounded_up_to_one() -> None:
+    """A model that runs only at multiples of 32: exact lengths share the multiple they round
+    up to, buckets are multiples, and a batch runs at its longest rounded up."""
+    exact = BucketPlan((64, 128), 8, 1024, Policy.EXACT_LENGTH, multiple=32)
+    assert [exact.key_for(n).length for n in (1, 32, 33, 64, 100)] == [32, 32, 64, 64, 128]
+    assert [k.length for k in exact.all_keys()] == [32, 64, 96, 128]
+    assert exact.run_length(33) == 64
+    buckets = BucketPlan((64, 128), 8, 1024, Policy.BUCKETS, multiple=32)
+    assert buckets.key_for(65) == BucketKey(8, 128)
+    with pytest.raises(ValueError, match="not all multiples of 32"):
+        BucketPlan((50, 128), 8, 1024, multiple=32)
+
+
 def test_single_plan_runs_one_sequence_per_key() -> None:
     single = BucketPlan((4, 8), max_batch_size=4, max_batch_tokens=64, policy=Policy.SINGLE)
     assert single.key_for(3) == BucketKey(1, 4)

@@ -264,6 +264,35 @@ def test_three_free_dims_ask_which_is_time_and_a_size_for_the_others(
         make_engine(tmp_models)
 
 
+async def test_a_model_that_runs_at_multiples_of_32_is_padded_up_and_cut_back(
+    tmp_models: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A detector whose sum broadcasts only at widths that are multiples of 32: learnt at load
+    (said in the log and on the config route, the edges at multiples), any width from 1 served,
+    its map cut back to the width sent; a fixed height that is no multiple fails naming it."""
+    folder = add_to(tmp_models, "text-detector")
+    with caplog.at_level(logging.INFO, logger="bucketserve.loading"):
+        engine = make_engine(tmp_models)
+    assert "runs only at lengths that are multiples of 32 (from 32)" in caplog.text
+    served = engine.model("text-detector").info.served_config
+    assert served["inputs"]["image"]["multiple"] == 32
+    assert served["batching"]["buckets"] == [64, 128, 256]
+    images = [np.ones((3, 64, width)).tolist() for width in (1, 33, 256)]
+    async with serving(engine) as client:
+        answer = await client.post("/predict", json={"sequences": images})
+        too_wide = await client.post(
+            "/predict", json={"sequences": [np.ones((3, 64, 257)).tolist()]}
+        )
+    assert answer.status_code == 200, answer.text
+    shapes = [np.asarray(o["maps"]).shape for o in answer.json()["outputs"]]
+    assert shapes == [(1, 64, 1), (1, 64, 33), (1, 64, 256)]
+    assert too_wide.status_code == 422
+    config = (folder / "config.toml").read_text()
+    (folder / "config.toml").write_text(config.replace("[-1, 3, 64, -1]", "[-1, 3, 48, -1]"))
+    with pytest.raises(ConfigError, match="runs on no length up to the longest bucket"):
+        make_engine(tmp_models)
+
+
 async def test_an_output_rule_from_some_length_on_makes_that_length_the_shortest(
     tmp_models: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

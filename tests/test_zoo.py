@@ -148,6 +148,18 @@ class Alone:
         self.session = side_session(GraphFile(spec.onnx_path, ("CPUExecutionProvider",)))
 
     def __call__(self, sequence: np.ndarray) -> dict[str, np.ndarray]:
+        """(A model that runs only at multiples of a width gets the sequence padded with zeros
+        up to one, as its package pads a page image; its map's width, the last dim, is cut
+        back to the sequence's.)"""
+        multiple, length = ZOO[self.spec.name].multiple, len(sequence)
+        if multiple == 1:
+            return self._run(sequence)
+        width = -(-length // multiple) * multiple
+        padded = np.zeros((width, *sequence.shape[1:]), sequence.dtype)
+        padded[:length] = sequence
+        return {name: out[..., :length] for name, out in self._run(padded).items()}
+
+    def _run(self, sequence: np.ndarray) -> dict[str, np.ndarray]:
         config, feeds = self.spec.config, {}
         for name, cfg in config.inputs.items():
             graph = self.spec.signature.inputs[name]

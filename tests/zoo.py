@@ -34,6 +34,7 @@ class Exhibit:
     min_length: int = 1  # the shortest input the model runs on
     batch_axes: dict[str, int | None] = field(default_factory=dict)  # outputs' where not 0
     mask_alone: int = 1  # the mask on a sequence alone, as the package's own code passes it
+    multiple: int = 1  # the widths the model runs at: alone, a sequence is padded up to one
 
 
 def batching(buckets: list[int], max_batch_tokens: int) -> str:
@@ -196,6 +197,16 @@ ZOO: dict[str, Exhibit] = {
         "single",
         inline=True,
         batch_axes={"score": None, "logits": None},
+    ),
+    # a page-image detector [N, 3, H, W] -> [N, 1, H, W] that runs only at multiples of 32:
+    # the config fixes H, each width is padded up to a multiple and its map cut back
+    "text-detector": Exhibit(
+        families.text_detector,
+        '[inputs.image]\nrole = "features"\ntime_axis = 3\nshape = [-1, 3, 64, -1]\n'
+        "[outputs.maps]\n" + batching([64, 128, 256], 1024),
+        "exact-length",
+        inline=True,
+        multiple=32,
     ),
     # a BiGRU without sequence_lens: the server's copy is given each row's length
     "unmasked-bigru": Exhibit(

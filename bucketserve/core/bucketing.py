@@ -58,12 +58,28 @@ class Invariance:
         return Policy.BUCKETS
 
 
+def round_up(length: int, multiple: int) -> int:
+    """The least multiple of `multiple` that is at least `length`."""
+    return -(-length // multiple) * multiple
+
+
 @dataclass(frozen=True)
 class BucketPlan:
     edges: tuple[int, ...]
     max_batch_size: int
     max_batch_tokens: int
     policy: Policy = Policy.BUCKETS
+    # the model runs only at lengths that are multiples of this (a detector's width at 32):
+    # every edge is one, and a sequence runs padded up to one, its outputs cut back
+    multiple: int = 1
+
+    def __post_init__(self) -> None:
+        if any(e % self.multiple for e in self.edges):
+            raise ValueError(f"edges {self.edges} are not all multiples of {self.multiple}")
+
+    def run_length(self, length: int) -> int:
+        """The length a sequence of `length` steps runs at, alone or in an unpadded batch."""
+        return round_up(length, self.multiple)
 
     @property
     def max_length(self) -> int:
@@ -81,12 +97,13 @@ class BucketPlan:
     def key_for(self, length: int) -> BucketKey:
         if not 1 <= length <= self.max_length:
             raise InvalidInput(f"sequence length {length} is outside 1..{self.max_length}")
-        edge = length if self.policy is Policy.EXACT_LENGTH else self.bucket_of(length)
+        exact = self.policy is Policy.EXACT_LENGTH
+        edge = self.run_length(length) if exact else self.bucket_of(length)
         return BucketKey(self.capacity(edge), edge)
 
     def all_keys(self) -> list[BucketKey]:
         exact = self.policy is Policy.EXACT_LENGTH
-        lengths = range(1, self.max_length + 1) if exact else self.edges
+        lengths = range(self.multiple, self.max_length + 1, self.multiple) if exact else self.edges
         return [BucketKey(self.capacity(n), n) for n in lengths]
 
     @property

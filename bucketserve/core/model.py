@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from bucketserve.core.bucketing import BucketKey, BucketPlan, Invariance
+from bucketserve.core.bucketing import BucketKey, BucketPlan, Invariance, round_up
 from bucketserve.core.embedding import Embedding
 from bucketserve.core.layout import Layout, Outputs
 from bucketserve.errors import InvalidInput
@@ -57,6 +57,11 @@ class SequenceRules:
     time_axis: int = 0  # features: where time lies in a sequence as sent
     min_length: int = 1  # the shortest the model runs on (a strided front end needs some)
     reserved_ids: tuple[int, ...] = ()  # tokens: ids that may not appear inside a sequence
+    multiple: int = 1  # the model runs only at multiples of this: a sequence is padded up
+
+    def run_length(self, length: int) -> int:
+        """The length a sequence of `length` steps runs at alone (its outputs cut back)."""
+        return round_up(length, self.multiple)
 
     @property
     def shape_as_sent(self) -> str:

@@ -23,7 +23,7 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from bucketserve.core.bucketing import BucketPlan, Invariance, Policy
+from bucketserve.core.bucketing import BucketPlan, Invariance, Policy, round_up
 from bucketserve.core.layout import Layout
 from bucketserve.core.model import Model, ModelInfo, SequenceRules
 from bucketserve.errors import ConfigError, brief
@@ -114,8 +114,9 @@ def build_model(
     if served.single is not None:  # no config makes a model batch that cannot
         policy = Policy.SINGLE
     log_verdict(spec.name, invariance, policy, batching.policy, failures, served.single)
+    edges = sorted({round_up(edge, rules.multiple) for edge in batching.edges})
     plan = BucketPlan(
-        tuple(batching.edges), batching.max_batch_size, batching.max_batch_tokens, policy
+        tuple(edges), batching.max_batch_size, batching.max_batch_tokens, policy, rules.multiple
     )
     speed = None
     if batching.policy == "auto" and policy is not Policy.SINGLE:  # exact: does it pay?
@@ -146,7 +147,7 @@ def build_model(
         executor.binding,
         session.get_providers(),
         invariance,
-        policy,
+        plan,
         failures,
         served.single,
     )

@@ -20,6 +20,10 @@ far apart the answers of different sequences of one length are, each alone. None
 sequence answered alike) is a model that cannot be served as configured: a mask that points
 the other way hides every real step (`builder` tries the other way round).
 
+A model that runs only at multiples of some length (a detector's width at 32) has no
+unpadded run: alone, a sequence runs padded up to the next multiple, its outputs cut back, and
+that is the answer every batch must give.
+
 `thread_difference` asks the same of a second session on more threads (the one a batch that
 runs alone gets): its batches against the first session's runs of each sequence alone.
 """
@@ -85,8 +89,11 @@ class _Runs:
     """The model's runs for the check: each sequence alone (a plain run) once, remembered.
     Batches run on `together`."""
 
-    def __init__(self, name: str, run: Run, layout: Layout, together: BatchRun) -> None:
+    def __init__(
+        self, name: str, run: Run, layout: Layout, rules: SequenceRules, together: BatchRun
+    ) -> None:
         self.name, self.run, self.layout, self.together = name, run, layout, together
+        self.rules = rules
         self.failures: list[str] = []
         self._alone: dict[int, tuple[np.ndarray, dict[str, np.ndarray]]] = {}
 
@@ -102,7 +109,8 @@ class _Runs:
         if key in self._alone:
             return self._alone[key][1]
         try:
-            (answer,) = self.batch([sequence], 1, len(sequence), plainly(self.run))
+            length = self.rules.run_length(len(sequence))
+            (answer,) = self.batch([sequence], 1, length, plainly(self.run))
         except Exception as exc:  # ONNX Runtime raises its own types
             raise ConfigError(
                 f"model {self.name}: fails on one random valid sequence of length "
@@ -122,7 +130,9 @@ class _Runs:
         )
 
     def worst(self, sequences: list[np.ndarray], rows: int, length: int, what: str) -> float:
-        """The worst difference of `sequences` run together from each run alone."""
+        """The worst difference of `sequences` run together, padded to `length` (up to the
+        length the model runs at), from each run alone."""
+        length = self.rules.run_length(length)
         try:
             together = self.batch(sequences, rows, length)
         except Exception as exc:  # a batch the model cannot run is one it cannot be served
@@ -159,7 +169,7 @@ def measure(
     (ConfigError). 21 runs in all (a model that runs one sequence at a time runs a second
     sequence of each round alone too: the spread is between two).
     """
-    runs = _Runs(name, run, layout, together)
+    runs = _Runs(name, run, layout, rules, together)
     rng = np.random.default_rng(0)
     lo, hi = rules.min_length, rules.max_length
     short = min(hi, lo + SHORT - 1)
@@ -171,6 +181,8 @@ def measure(
     padding = batching = spread = 0.0
     mixed: list[np.ndarray] = []
     rounds = [(rows, int(rng.integers(lo, short + 1))) for rows in ROWS] + [(2, hi)]
+    if rules.run_length(rounds[0][1]) <= hi:  # (the one length whose run alone is unpadded,
+        rounds[0] = (ROWS[0], rules.run_length(rounds[0][1]))  # for a model with a multiple)
     for seed, (rows, length) in enumerate(rounds):
         sequences = random_sequences(rules, [length] * rows, seed, scaled=True)
         served = runs.worst(sequences[:1], 1, length, "a sequence alone")
@@ -189,7 +201,7 @@ def measure(
         if not batched:
             continue
         batching = max(batching, runs.worst(sequences, rows, length, "an unpadded batch"))
-        if padded_to(length) > length:
+        if rules.run_length(padded_to(length)) > rules.run_length(length):
             padding = max(
                 padding, runs.worst(sequences, rows + 1, padded_to(length), "a padded batch")
             )
@@ -208,7 +220,7 @@ def thread_difference(
     """The worst difference of `other` (the same graph in another session) from `run`, each
     sequence alone: on sequences alone, in batches of one length, and in batches padded past
     their longest with a pad row. Infinite when `other` fails on one."""
-    runs = _Runs(name, run, layout, plainly(other))
+    runs = _Runs(name, run, layout, rules, plainly(other))
     rng = np.random.default_rng(1)
     lo, hi = rules.min_length, rules.max_length
     worst = 0.0

@@ -65,7 +65,8 @@ def layout_of(spec: ModelSpec, run: Run) -> Served:
     rules = sequence_rules(spec)
     found = probe(spec, run, Layout(inputs, ()), rules)
     layout = Layout(inputs, tuple(found.outputs[name] for name in config.outputs))
-    return Served(layout, dataclasses.replace(rules, min_length=found.min_length), found.single)
+    rules = dataclasses.replace(rules, min_length=found.min_length, multiple=found.multiple)
+    return Served(layout, rules, found.single)
 
 
 def layout_alone(spec: ModelSpec) -> Served:

@@ -2,6 +2,10 @@
 
 - The shortest input it runs on: a strided front end needs some samples before it gives a
   frame (a sequence shorter than that is refused at the edge, naming the length).
+- Whether it runs only at multiples of some length: a detector that adds a full-resolution
+  path to one pooled over 32 x 32 cells and upsampled broadcasts only at widths that are
+  multiples of 32. Then a sequence runs padded up to the next multiple, each output cut back
+  to the steps that cover its real ones (an output L / s steps long for L: ceil(T / s)).
 - Each output's batch and time axes, where the dim names leave them open: run one sequence at
   lengths from the shortest to the longest bucket, the dim that grows with the length is time;
   run two and three sequences, the dim that counts them is the batch.
@@ -27,6 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from bucketserve.core.bucketing import round_up
 from bucketserve.core.layout import SAME_STEPS, Layout, Steps, Tensor
 from bucketserve.core.model import SequenceRules
 from bucketserve.errors import ConfigError
@@ -45,6 +50,7 @@ class Probed:
     min_length: int
     outputs: dict[str, Tensor]  # every output, axes and steps settled
     single: str | None  # why the model runs one sequence at a time, if it must
+    multiple: int = 1  # it runs only at lengths that are multiples of this
 
 
 class _Failed(Exception):
@@ -75,6 +81,14 @@ class _Shapes:
         if isinstance(seen, str):
             raise _Failed(seen)
         return seen
+
+    def failure(self, rows: int, length: int) -> str:
+        """What the model said when it failed on `rows` x `length` ("" if it ran)."""
+        try:
+            self.at(rows, length)
+        except _Failed as exc:
+            return str(exc)
+        return ""
 
     def ok(self, rows: int, length: int) -> bool:
         try:
@@ -132,7 +146,17 @@ def probe(spec: ModelSpec, run: Run, inputs: Layout, rules: SequenceRules) -> Pr
     longest, edges = spec.config.batching.longest, spec.config.batching.edges
     shapes = _Shapes(run, inputs, rules, names)
     shortest = _shortest(shapes, longest, fail)
-    lengths = sorted({shortest, (shortest + longest) // 2, longest})
+    multiple = _multiple(shapes, shortest, longest, edges, fail)
+    if multiple > 1:
+        log.info(
+            "model %s: it runs only at lengths that are multiples of %d (from %d): a sequence "
+            "runs padded up to one, its outputs cut back",
+            spec.name,
+            multiple,
+            shortest,
+        )
+    longest = round_up(longest, multiple)
+    lengths = sorted({shortest, round_up((shortest + longest) // 2, multiple), longest})
     open_axes = any(spec.axes.outputs[name] is None for name in names)
     alone = {n: shapes.at(1, n) for n in lengths} if open_axes else {}
     single = None
@@ -162,10 +186,12 @@ def probe(spec: ModelSpec, run: Run, inputs: Layout, rules: SequenceRules) -> Pr
         fixed = tuple(None if i in (batch, time) else size[i] for i in range(len(size)))
         found[name] = (batch, time, fixed)
     outputs = {}
-    served_from = shortest
+    served_from = shortest - multiple + 1  # (a shorter sequence runs padded to `shortest`)
     for name, (batch, time, fixed) in found.items():
         steps = SAME_STEPS
-        if time is not None and name not in spec.axes.by_name:
+        if time is not None and name not in spec.axes.by_name and multiple > 1:
+            steps = _steps_at_multiples(name, shapes, time, shapes.lengths_alone, multiple, fail)
+        elif time is not None and name not in spec.axes.by_name:
             steps, since = _steps(name, shapes, time, shortest, longest, edges, fail)
             if since > served_from:
                 log.info(
@@ -179,7 +205,7 @@ def probe(spec: ModelSpec, run: Run, inputs: Layout, rules: SequenceRules) -> Pr
                 served_from = since
         dtype = spec.signature.outputs[name].dtype
         outputs[name] = Tensor(name, dtype, fixed, batch, time, steps)
-    return Probed(served_from, outputs, single)
+    return Probed(served_from, outputs, single, multiple)
 
 
 def _shortest(shapes: _Shapes, longest: int, fail: Callable[[str, str], ConfigError]) -> int:
@@ -197,7 +223,8 @@ def _shortest(shapes: _Shapes, longest: int, fail: Callable[[str, str], ConfigEr
         raise fail(
             "batching.buckets",
             f"the model runs on no length up to the longest bucket ({longest} steps): at "
-            f"{hi} steps, {exc}; check the input roles (and vocab_size)",
+            f"{hi} steps, {exc}; check the input roles (and vocab_size, and any size a shape "
+            "fixes)",
         ) from None
     lo = hi // 2
     while hi - lo > 1:
@@ -207,6 +234,62 @@ def _shortest(shapes: _Shapes, longest: int, fail: Callable[[str, str], ConfigEr
         else:
             lo = mid
     return hi
+
+
+def _multiple(
+    shapes: _Shapes,
+    shortest: int,
+    longest: int,
+    edges: list[int],
+    fail: Callable[[str, str], ConfigError],
+) -> int:
+    """1 when the model runs at the length after its shortest; else the multiple it runs at:
+    the least divisor m of the shortest length at which it runs `shortest + m` steps, then
+    checked at every bucket edge rounded up to one."""
+    if shortest >= longest or shapes.ok(1, shortest + 1):
+        return 1
+    divisors = [m for m in range(2, shortest + 1) if shortest % m == 0]
+    multiple = next((m for m in divisors if shapes.ok(1, shortest + m)), None)
+    if multiple is None:
+        raise fail(
+            "batching.buckets",
+            f"the model runs at {shortest} steps but at none of {shortest + 1} to "
+            f"{2 * shortest} ({shapes.failure(1, shortest + 1)}): bucketserve serves models "
+            "that run at every length from their shortest, or at every multiple of one",
+        )
+    for length in sorted({round_up(n, multiple) for n in (*edges, longest)}):
+        if not shapes.ok(1, length):
+            raise fail(
+                "batching.buckets",
+                f"the model runs at {shortest} and {shortest + multiple} steps, as at "
+                f"multiples of {multiple}, but not at {length} "
+                f"({shapes.failure(1, length)})",
+            )
+    return multiple
+
+
+def _steps_at_multiples(
+    name: str,
+    shapes: _Shapes,
+    axis: int,
+    lengths: list[int],
+    multiple: int,
+    fail: Callable[[str, str], ConfigError],
+) -> Steps:
+    """How output `name`'s time axis follows the input's for a model that runs only at
+    multiples of `multiple`: L / s steps at every length L it was run at (s dividing the
+    multiple), so a sequence of T steps, run padded, keeps the ceil(T / s) that cover it."""
+    sizes = {n: shapes.at(1, n)[name][axis] for n in lengths}
+    strides = {n // size if size and n % size == 0 else 0 for n, size in sizes.items()}
+    stride = strides.pop() if len(strides) == 1 else 0
+    if not stride or multiple % stride:
+        shown = ", ".join(f"{size} steps for {n}" for n, size in sizes.items())
+        raise fail(
+            f"outputs.{name}",
+            f"its time axis is {shown}: for a model that runs at multiples of {multiple}, "
+            f"bucketserve serves outputs of L / s steps for L, s dividing {multiple}",
+        )
+    return Steps(stride, stride - 1)
 
 
 def _time_axis(

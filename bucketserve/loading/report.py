@@ -8,7 +8,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from bucketserve.core.bucketing import Invariance, Policy
+from bucketserve.core.bucketing import BucketPlan, Invariance, Policy
 from bucketserve.core.layout import SAME_STEPS, InputRole, Layout
 from bucketserve.core.model import SequenceRules
 from bucketserve.loading.repository import ModelSpec
@@ -112,17 +112,19 @@ def served_config(
     binding: str,
     providers: Sequence[str],
     invariance: Invariance,
-    policy: Policy,
+    plan: BucketPlan,
     failures: Sequence[str],
     single: str | None = None,
 ) -> dict[str, Any]:
     """The model's config.toml as served: fitted edges, overrides and everything found at load
-    (axes, per_step, policy, binding) written in, and the check's figures beside it."""
+    (axes, per_step, policy, binding, a multiple the model runs at) written in, and the
+    check's figures beside it."""
     config = spec.config.model_dump(mode="json", exclude_none=True)
     config["mode"] = "mutable" if binding == "mutable" else "bucketing"
     config["binding"] = "shared-session" if binding == "mutable" else binding
-    config["batching"]["policy"] = policy.value
-    config["batching"]["bucket_count"] = len(spec.config.batching.edges)  # (served, not asked)
+    config["batching"]["policy"] = plan.policy.value
+    config["batching"]["buckets"] = list(plan.edges)  # (served, not asked: at a multiple)
+    config["batching"]["bucket_count"] = len(plan.edges)
     for inp in layout.inputs:
         if inp.tensor.batch_axis is None:  # a constant, or a sequence input without a batch
             if inp.tensor.time_axis is not None:
@@ -135,6 +137,8 @@ def served_config(
         config["inputs"][layout.sequence.tensor.name]["reserved_ids"] = list(rules.reserved_ids)
     if rules.min_length > 1:
         config["inputs"][layout.sequence.tensor.name]["min_length"] = rules.min_length
+    if rules.multiple > 1:
+        config["inputs"][layout.sequence.tensor.name]["multiple"] = rules.multiple
     for out in layout.outputs:
         config["outputs"][out.name] |= {"per_step": out.per_step}
         if out.batch_axis is not None:

@@ -122,7 +122,7 @@ class Executor(ABC):
 
 class _OneSessionExecutor(Executor):
     """Every key on one session (the load-time one when given); a batch runs its real rows at
-    its own longest sequence."""
+    its own longest sequence (rounded up to the length the model runs at)."""
 
     def __init__(
         self,
@@ -139,7 +139,7 @@ class _OneSessionExecutor(Executor):
         return [self._session]
 
     def batch_shape(self, key: BucketKey, lengths: Sequence[int]) -> tuple[int, int]:
-        return len(lengths), max(lengths)
+        return len(lengths), self.plan.run_length(max(lengths))
 
 
 class SharedSessionExecutor(_OneSessionExecutor):
