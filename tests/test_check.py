@@ -13,9 +13,10 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from bucketserve.core.bucketing import Policy
+from bucketserve.core.layout import SAME_STEPS
 from bucketserve.core.model import SequenceRules
 from bucketserve.errors import ConfigError
-from bucketserve.loading import build_model, load_model_spec
+from bucketserve.loading import build_model, load_model_spec, pad_safe
 from bucketserve.loading.check import difference, random_sequences
 from bucketserve.loading.speed import LOSS
 from modelgen.save import save_model
@@ -87,15 +88,31 @@ def test_the_check_finds_each_exports_policy(
     assert (rewritten is not None) == (
         name in ("unmasked-bilstm", "unmasked-bigru", "padding-mask-bigru", "strided-bilstm")
     )
-    if name == "strided-bilstm":  # lengths in input steps: its copy fails, logged, no crash
-        assert rewritten == {"rewritten": ["LSTM lstm_12"], "served": "original",
-                             "check": "failed (logged)"}  # fmt: skip
-        assert "given each row's length fails the check" in caplog.text
-        return
+    if name == "strided-bilstm":  # its LSTM runs over every second step: lengths in its own
+        assert rewritten["rewritten"] == ["LSTM lstm_12 (floor((T + 1) / 2) steps)"]
     if rewritten is not None:  # padding moved the original; the rewritten copy is served
         assert rewritten["padding_before"] > 100 * tolerance
         assert rewritten["padding_after"] == checked.padding <= tolerance
         assert rewritten["served"] == "rewritten"
+
+
+def test_a_rewritten_copy_that_fails_its_check_leaves_the_model_as_it_is(
+    tmp_models: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The strided BiLSTM given each row's length in input steps (as if its own steps were
+    the input's): ONNX Runtime refuses the copy's batches; logged, the original served
+    exact-length, never a crashed load."""
+    monkeypatch.setattr(pad_safe, "_rule", lambda size, spec, rules: SAME_STEPS)
+    spec = spec_of(add_to(tmp_models, "strided-bilstm").parent, "strided-bilstm")
+    with caplog.at_level(logging.WARNING, logger="bucketserve.loading"):
+        model = build_model(spec)
+    assert model.plan.policy is Policy.EXACT_LENGTH
+    assert model.info.served_config["check"]["pad_safe"] == {
+        "rewritten": ["LSTM lstm_12"],
+        "served": "original",
+        "check": "failed (logged)",
+    }
+    assert "given each row's length fails the check" in caplog.text
 
 
 @pytest.mark.parametrize("name", ["int8-bilstm", "ctc-fbank", "frames"])

@@ -88,7 +88,7 @@ def build_model(
     if (
         checked.invariance.policy is Policy.EXACT_LENGTH
         and spec.config.batching.policy == "auto"
-        and (safe := pad_safe_spec(spec, cache)) is not None
+        and (safe := pad_safe_spec(spec, cache, checked.graph.path, checked.served)) is not None
     ):
         try:
             again = _checked(safe[0], wanted, cache)
