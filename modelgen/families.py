@@ -393,3 +393,24 @@ def text_detector(*, channels: int = 8, grid: int = 32, seed: int = 61) -> onnx.
         [io("image", FLOAT, ["N", 3, "H", "W"])],
         [io("maps", FLOAT, ["N", 1, "H", "W"])],
     )
+
+
+def crnn_line(
+    *, height: int = 32, channels: int = 12, hidden: int = 8, vocab: int = 30, seed: int = 67
+) -> onnx.ModelProto:
+    """A CRNN line recogniser as exported: an NCHW line [N, 3, 32, W], a convolution of stride
+    4 making a column every 4 pixels, a BiLSTM over the columns without sequence_lens, CTC
+    log-probabilities [N, floor(W / 4), 30]. Its LSTM runs over a quarter of the input's steps."""
+    g = _Graph(seed)
+    x = g.op("Relu", _conv(g, "image", 3, channels, [height, 4], strides=[height, 4]))
+    cols = g.op(
+        "Transpose", g.op("Squeeze", x, g.const("h", np.array([2], np.int64))), perm=[0, 2, 1]
+    )
+    merged = g.bilstm(cols, channels, hidden)  # [N, W/4, 2 * hidden]
+    logits = g.linear(merged, 2 * hidden, vocab)
+    g.nodes.append(helper.make_node("LogSoftmax", [logits], ["log_probs"], axis=-1))
+    return g.model(
+        "crnn_line",
+        [io("image", FLOAT, ["N", 3, height, "W"])],
+        [io("log_probs", FLOAT, ["N", "W_out", vocab])],
+    )

@@ -157,6 +157,16 @@ ZOO: dict[str, Exhibit] = {
         inline=True,
         steps=lambda t: (t + 1) // 2,
     ),
+    # a CRNN line [N, 3, 32, W] -> CTC [N, floor(W / 4), 30], its BiLSTM over the columns of a
+    # stride-4 convolution: given each row's length in columns, floor(W / 4), and batched
+    "crnn-line": Exhibit(
+        families.crnn_line,
+        '[inputs.image]\nrole = "features"\n[outputs.log_probs]\n' + batching([32, 64, 128], 1024),
+        "buckets",
+        inline=True,
+        steps=lambda w: w // 4,
+        min_length=4,
+    ),
     # exact in any batch, its cost the square of the rows: batching measured to lose at load
     "pairwise-cost": Exhibit(
         families.pairwise_cost,

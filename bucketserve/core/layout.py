@@ -53,8 +53,8 @@ class Steps:
         return (length + self.offset) // self.stride
 
     def __str__(self) -> str:
-        shifted = "T" + (f" {'+-'[self.offset < 0]} {abs(self.offset)}" if self.offset else "")
-        return shifted if self.stride == 1 else f"floor(({shifted}) / {self.stride})"
+        shifted = f"(T {'+-'[self.offset < 0]} {abs(self.offset)})" if self.offset else "T"
+        return shifted.strip("()") if self.stride == 1 else f"floor({shifted} / {self.stride})"
 
 
 SAME_STEPS = Steps()
