@@ -115,6 +115,13 @@ class InvalidInput(BucketserveError):
     code = "invalid_input"
 
 
+class TaskNotServed(InvalidInput):
+    """A task route named a model that does not do that task (the message names what it does)."""
+
+    status = 400
+    code = "task_not_served"
+
+
 class Unavailable(BucketserveError):
     """Queue full, model not ready or server draining; the client should retry later."""
 

@@ -134,7 +134,7 @@ async def test_dimensions_honoured_where_the_config_allows_them(served: Any) -> 
     ("body", "status", "code", "param"),
     [
         ({"model": "nope", "input": "x"}, 404, "model_not_found", "model"),
-        ({"model": "tiny-lstm", "input": [[1, 2]]}, 422, "invalid_input", "model"),
+        ({"model": "tiny-lstm", "input": [[1, 2]]}, 400, "task_not_served", "model"),
         ({"model": ST, "input": ""}, 422, "invalid_input", "input"),
         ({"model": ST, "input": ["fine", ""]}, 422, "invalid_input", "input"),
         ({"model": "tiny-encoder", "input": "text"}, 422, "invalid_input", "input"),
@@ -199,14 +199,14 @@ async def test_overload_is_503_with_retry_after_in_openais_form(served: Any) -> 
         await sdk.embeddings.create(model=ST, input="x")
 
 
-async def test_models_lists_those_that_embed(served: Any) -> None:
+async def test_models_lists_those_that_embed_or_score(served: Any) -> None:
     sdk, client, _ = served
     listed = await sdk.models.list()
     assert sorted(m.id for m in listed.data) == sorted([ST, CUT, "tiny-encoder"])
     assert (await sdk.models.retrieve(ST)).id == ST
     with pytest.raises(openai.NotFoundError):
         await sdk.models.retrieve("nope")
-    assert (await client.get("/v1/models/tiny-lstm")).status_code == 422
+    assert (await client.get("/v1/models/tiny-lstm")).status_code == 400
 
 
 async def test_the_route_is_counted_like_the_others(served: Any) -> None:

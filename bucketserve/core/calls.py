@@ -5,8 +5,9 @@ An edge decodes its bytes into a `Call`: which model and version, the inputs, th
 wanted or the task head that answers (`heads`), the client's own deadline, the request's id.
 `Engine.infer` does the rest. The inputs
 stay as the client sent them until the model is known, then become validated sequences:
-`Sequences` (items as sent: token id lists, or feature steps), `Texts` (tokenised by the
-model), or another `Inputs` an edge defines (KServe v2 tensors, in `bucketserve.edges.kserve`).
+`Sequences` (items as sent: token id lists, or feature steps), `Texts` and `TextPairs`
+(tokenised by the model), or another `Inputs` an edge defines (KServe v2 tensors, in
+`bucketserve.edges.kserve`).
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from bucketserve.core.heads import Head
-from bucketserve.core.layout import Outputs
-from bucketserve.core.model import Model
+from bucketserve.core.layout import Outputs, segmented, token_ids
+from bucketserve.core.model import TRUNCATE, Model, Truncation
 from bucketserve.errors import InvalidInput
 
 # A body, or a request's items, this large is decoded in a worker thread (a hop there and back
@@ -81,9 +82,11 @@ class Sequences:
 
 @dataclass(frozen=True)
 class Texts:
-    """Texts, for a model with a tokenizer: each cut by characters, tokenised, then validated."""
+    """Texts, for a model with a tokenizer: each cut by characters, tokenised (cut to the
+    model's length as `truncation` says), then validated."""
 
     texts: Sequence[str]
+    truncation: Truncation = TRUNCATE
 
     def count(self, model: Model) -> int:
         return len(self.texts)
@@ -98,7 +101,34 @@ class Texts:
         empty = next((i for i, text in enumerate(self.texts) if not text), None)
         if empty is not None:
             raise InvalidInput(f"text {empty}: empty")
-        return [model.validate(seq, i) for i, seq in enumerate(model.encode(self.texts))]
+        encoded = model.encode(self.texts, self.truncation)
+        return [model.validate(seq, i) for i, seq in enumerate(encoded)]
+
+
+@dataclass(frozen=True)
+class TextPairs:
+    """Text pairs (a query and a document), each one sequence as the model's tokenizer pairs
+    them: the second text's tokens in segment 1, the longer text cut first."""
+
+    pairs: Sequence[tuple[str, str]]
+    truncation: Truncation = TRUNCATE
+
+    def count(self, model: Model) -> int:
+        return len(self.pairs)
+
+    @property
+    def heavy(self) -> bool:
+        return sum(len(a) + len(b) for a, b in self.pairs) > INLINE_TEXT_CHARS
+
+    def sequences(self, model: Model) -> list[np.ndarray]:
+        empty = next((i for i, pair in enumerate(self.pairs) if not all(pair)), None)
+        if empty is not None:
+            raise InvalidInput(f"pair {empty}: a text is empty")
+        encoded = model.encode(self.pairs, self.truncation)
+        return [
+            segmented(model.validate(token_ids(seq), i), seq["segment"])
+            for i, seq in enumerate(encoded)
+        ]
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,8 @@ that cannot do its task) before anything is admitted, then answers each sequence
 outputs, already cut to the sequence's own length. Imports the model and its embedding rule.
 
 `Embed`: pooling, normalising and cutting to `dimensions`, by the model's `[embedding]` rule.
-The heads to come (rerank scores, class probabilities, sparse weights) take the same place.
+`Classify`: each label's score, by the model's `[classifier]` rule. `Rerank`: a (query,
+document) pair's relevance, by the same rule's rerank label.
 """
 
 from __future__ import annotations
@@ -13,12 +14,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
+
+from bucketserve.core.classifier import Classifier
 from bucketserve.core.embedding import Embedding
 from bucketserve.core.layout import Outputs
 from bucketserve.core.model import Model
-from bucketserve.errors import InvalidInput
+from bucketserve.errors import TaskNotServed
 
 EMBEDDING = "embedding"  # the name of what `Embed` answers for each sequence
+SCORES = "scores"  # what `Classify` answers: a score for each label, in the labels' order
+RELEVANCE = "relevance"  # what `Rerank` answers: a pair's relevance, one number
 
 
 class Head(Protocol):
@@ -48,7 +54,54 @@ class Embed:
 
 def embedding_rule(model: Model) -> Embedding:
     if model.info.embedding is None:
-        raise InvalidInput(
-            f"model {model.name} does not embed: its config has no [embedding]", param="model"
+        raise TaskNotServed(
+            f"model {model.name} does not embed: its config has no [embedding] (it serves "
+            f"{', '.join(model.info.tasks)})",
+            param="model",
         )
     return model.info.embedding
+
+
+@dataclass(frozen=True)
+class Classify:
+    """Each label's score for a text (or a pair), by the model's classifier; `raw`: logits."""
+
+    raw: bool = False
+
+    def outputs(self, model: Model) -> tuple[str, ...]:
+        return (classifier_rule(model).output,)
+
+    def answer(self, model: Model, outputs: Outputs) -> Outputs:
+        rule = classifier_rule(model)
+        return {SCORES: rule.scores(outputs[rule.output], self.raw)}
+
+
+@dataclass(frozen=True)
+class Rerank:
+    """A (query, document) pair's relevance, by the model's rerank label; `raw`: its logit."""
+
+    raw: bool = False
+
+    def outputs(self, model: Model) -> tuple[str, ...]:
+        rule = classifier_rule(model)
+        if rule.rerank_label is None:
+            raise TaskNotServed(
+                f"model {model.name} does not rerank: its [classifier] names no rerank_label "
+                f"(it serves {', '.join(model.info.tasks)})",
+                param="model",
+            )
+        return (rule.output,)
+
+    def answer(self, model: Model, outputs: Outputs) -> Outputs:
+        rule = classifier_rule(model)
+        return {RELEVANCE: np.asarray(rule.relevance(outputs[rule.output], self.raw), np.float32)}
+
+
+def classifier_rule(model: Model) -> Classifier:
+    if model.info.classifier is None:
+        raise TaskNotServed(
+            f"model {model.name} does not classify: its config has no [classifier] (it serves "
+            f"{', '.join(model.info.tasks)})",
+            param="model",
+        )
+    return model.info.classifier

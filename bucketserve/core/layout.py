@@ -9,6 +9,10 @@ Built once at load (by `bucketserve.loading`), read on every batch. No ONNX Runt
   has them.
 - `Layout.split` drops pad rows and cuts per-step outputs back to each sequence's own output
   length (its `Steps`: a strided output has about a quarter of the steps, say).
+
+A text pair (a query and a document, for a cross-encoder) is one sequence whose steps carry
+a segment id beside each token id (`segmented`): collate feeds the ids to the tokens input and
+the segments to the token types input; every other sequence has segment 0 throughout.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ class InputRole(StrEnum):
         "mask"  # 1 at real positions, 0 at padding (its pad value: 1 turns it round), [batch, time]
     )
     LENGTHS = "lengths"  # each row's length, [batch]
-    TOKEN_TYPES = "token_types"  # segment ids, all zeros here, [batch, time]
+    TOKEN_TYPES = "token_types"  # segment ids (a pair's second text 1, else 0), [batch, time]
     STATE = "state"  # e.g. an RNN's initial state; filled like MXNet's `state_names`
     CONSTANT = "constant"  # one value on every run (a sample rate): the config's, never sent
 
@@ -38,6 +42,19 @@ SEQUENCE_ROLES = (InputRole.TOKENS, InputRole.FEATURES)
 FILLED = (InputRole.STATE, InputRole.CONSTANT)  # the server fills them with one value
 
 Outputs = dict[str, np.ndarray]  # one sequence's outputs, by name
+SEGMENTED = np.dtype([("id", np.int64), ("segment", np.int64)])  # a token step of a text pair
+
+
+def segmented(ids: np.ndarray, segments: Sequence[int] | np.ndarray) -> np.ndarray:
+    """A sequence of token `ids` with each one's segment id (a text pair's)."""
+    steps = np.empty(len(ids), SEGMENTED)
+    steps["id"], steps["segment"] = ids, segments
+    return steps
+
+
+def token_ids(sequence: np.ndarray) -> np.ndarray:
+    """A sequence's token ids (its steps, unless they carry segments too)."""
+    return sequence["id"] if sequence.dtype.names else sequence
 
 
 @dataclass(frozen=True)
@@ -175,7 +192,7 @@ class Layout:
             if inp.role in (InputRole.TOKENS, InputRole.FEATURES):
                 batch = np.full(shape, inp.fill, tensor.dtype)
                 for row, seq in enumerate(sequences):
-                    batch[row, : len(seq)] = seq
+                    batch[row, : len(seq)] = token_ids(seq)
             elif inp.role is InputRole.MASK:  # its pad value at padding, the other at real steps
                 real = np.arange(length) < lengths[:, None]
                 batch = (real != bool(inp.fill)).astype(tensor.dtype)
@@ -183,6 +200,9 @@ class Layout:
                 batch = lengths.astype(tensor.dtype)
             else:  # TOKEN_TYPES
                 batch = np.zeros(shape, tensor.dtype)
+                for row, seq in enumerate(sequences):
+                    if seq.dtype.names:
+                        batch[row, : len(seq)] = seq["segment"]
             feeds[tensor.name] = tensor.to_model_axes(batch)
         return feeds
 

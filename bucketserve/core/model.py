@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from bucketserve.core.bucketing import BucketKey, BucketPlan, Invariance, round_up
+from bucketserve.core.classifier import Classifier
 from bucketserve.core.embedding import Embedding
-from bucketserve.core.layout import Layout, Outputs
+from bucketserve.core.layout import Layout, Outputs, segmented
 from bucketserve.errors import InvalidInput
 
 if TYPE_CHECKING:
@@ -136,6 +137,18 @@ def nesting(item: Any, most: int) -> int:
 
 
 @dataclass(frozen=True)
+class Truncation:
+    """What to do with a text longer than the model takes: cut it (`allowed`), from its end
+    or, `left`, from its start; or refuse it."""
+
+    allowed: bool = True
+    left: bool = False
+
+
+TRUNCATE = Truncation()
+
+
+@dataclass(frozen=True)
 class ModelInfo:
     """What the request path knows of a model, fixed at load."""
 
@@ -150,6 +163,20 @@ class ModelInfo:
     text_chars: int | None  # texts are cut to this many characters before tokenising
     served_config: Mapping[str, Any]  # the config route's body: the config as served
     embedding: Embedding | None = None  # which output is its embedding, if it embeds
+    classifier: Classifier | None = None  # which output holds its labels' logits, if any
+    tokenizes: bool = False  # whether it takes text (its config names a tokenizer)
+
+    @property
+    def tasks(self) -> list[str]:
+        """What the model serves beside its outputs: embed, classify, rerank, tokenize."""
+        reranks = self.classifier is not None and self.classifier.rerank_label is not None
+        served = {
+            "embed": self.embedding is not None,
+            "classify": self.classifier is not None,
+            "rerank": reranks,
+            "tokenize": self.tokenizes,
+        }
+        return ["predict", *(task for task, serves in served.items() if serves)]
 
 
 class Model:
@@ -169,6 +196,7 @@ class Model:
         self.executor = executor
         self.tokenizer = tokenizer
         self.lone = lone
+        self._left: Tokenizer | None = None  # the tokenizer cutting texts from the start
 
     @property
     def binding(self) -> str:
@@ -184,15 +212,72 @@ class Model:
     def validate(self, item: Any, index: int = 0, time_first: bool = False) -> np.ndarray:
         return self.info.rules.validate(item, index, time_first)
 
-    def encode(self, texts: Sequence[str]) -> list[np.ndarray]:
-        """Texts -> token id sequences, for models whose config names a tokenizer."""
+    def encode(
+        self, texts: Sequence[str | tuple[str, str]], truncation: Truncation = TRUNCATE
+    ) -> list[np.ndarray]:
+        """Texts, or text pairs (with each token's segment), -> token id sequences, for models
+        whose config names a tokenizer; each cut to the model's length as `truncation` says."""
+        chars = self.info.text_chars
+        cut = [t[:chars] if isinstance(t, str) else (t[0][:chars], t[1][:chars]) for t in texts]
+        encodings = self._tokenizer(truncation).encode_batch(cut)
+        if not truncation.allowed:
+            longer = next((i for i, e in enumerate(encodings) if e.overflowing), None)
+            if longer is not None:
+                raise InvalidInput(
+                    f"text {longer}: longer than the model takes ({self._max_tokens} tokens); "
+                    "send truncate=true to have it cut"
+                )
+        dtype = self.info.rules.dtype
+        if texts and isinstance(texts[0], str):
+            return [np.asarray(e.ids, dtype=dtype) for e in encodings]
+        return [segmented(np.asarray(e.ids, dtype=dtype), e.type_ids) for e in encodings]
+
+    def _tokenizer(self, truncation: Truncation) -> Tokenizer:
         if self.tokenizer is None:
             raise InvalidInput(
                 f"model {self.name} has no tokenizer: it takes token ids (or features), not text"
             )
+        if not truncation.left:
+            return self.tokenizer
+        if self._left is None:  # (made once, on the first request that asks: a copy)
+            left = type(self.tokenizer).from_str(self.tokenizer.to_str())
+            left.enable_truncation(self._max_tokens, direction="left")
+            self._left = left
+        return self._left
+
+    def tokens(self, texts: Sequence[str], special: bool = True) -> list[list[dict[str, Any]]]:
+        """Each text's tokens as the model's tokenizer makes them (cut to its length): id, the
+        text it covers (a special token's own), whether it is special, its character span."""
+        tokenizer = self._tokenizer(TRUNCATE)
         chars = self.info.text_chars
-        encodings = self.tokenizer.encode_batch([t[:chars] for t in texts])
-        return [np.asarray(e.ids, dtype=self.info.rules.dtype) for e in encodings]
+        cut = [t[:chars] for t in texts]
+        encodings = tokenizer.encode_batch(cut, add_special_tokens=special)
+        return [
+            [
+                {"id": i, "text": piece if mark else text[a:b], "special": bool(mark)}
+                | ({} if mark else {"start": a, "stop": b})
+                for i, piece, mark, (a, b) in zip(
+                    e.ids, e.tokens, e.special_tokens_mask, e.offsets, strict=True
+                )
+            ]
+            for text, e in zip(cut, encodings, strict=True)
+        ]
+
+    def decode(self, rows: Sequence[Sequence[int]], skip_special: bool = True) -> list[str]:
+        """Token id lists -> texts, by the model's tokenizer (ids it does not know refused)."""
+        tokenizer = self._tokenizer(TRUNCATE)
+        size = tokenizer.get_vocab_size(with_added_tokens=True)
+        for r, row in enumerate(rows):
+            wrong = next((i for i in row if not 0 <= i < size), None)
+            if wrong is not None:
+                raise InvalidInput(f"ids {r}: {wrong} is not a token id (0 to {size - 1})")
+        return list(tokenizer.decode_batch([list(r) for r in rows], skip_special))
+
+    @property
+    def _max_tokens(self) -> int:
+        assert self.tokenizer is not None
+        assert self.tokenizer.truncation is not None  # (`load_tokenizer` turns it on)
+        return int(self.tokenizer.truncation["max_length"])
 
     @property
     def lone_takes_every_core(self) -> bool:

@@ -29,7 +29,7 @@ from bucketserve.core.model import Model, ModelInfo, SequenceRules
 from bucketserve.errors import ConfigError, brief
 from bucketserve.loading.batch_free import freed_spec
 from bucketserve.loading.check import Run, measure, thread_difference
-from bucketserve.loading.layouts import Served, embedding_of, layout_of
+from bucketserve.loading.layouts import Served, classifier_of, embedding_of, layout_of
 from bucketserve.loading.mask_way import mask_of, mask_way, reads_input
 from bucketserve.loading.pad_safe import pad_safe_spec
 from bucketserve.loading.report import log_speed, log_verdict, pad_safe_report, served_config
@@ -110,6 +110,7 @@ def build_model(
     layout, rules, served = checked.served.layout, checked.served.rules, checked.served
     invariance, failures, checked_s = checked.invariance, checked.failures, checked.seconds
     embedding = embedding_of(spec, layout)
+    classifier = classifier_of(spec, layout)
     policy = invariance.policy if batching.policy == "auto" else Policy(batching.policy)
     if served.single is not None:  # no config makes a model batch that cannot
         policy = Policy.SINGLE
@@ -172,7 +173,10 @@ def build_model(
         text_chars=config.tokenizer.chars if config.tokenizer is not None else None,
         served_config=described,
         embedding=embedding,
+        classifier=classifier,
+        tokenizes=tokenizer is not None,
     )
+    described["tasks"] = info.tasks  # (the same mapping the config route serves)
     model = Model(info, executor, tokenizer, lone)
     keys = plan.all_keys() if batching.prepare == "all" and policy is Policy.BUCKETS else []
     for key in [plan.default_key, *keys]:

@@ -206,6 +206,29 @@ class EmbeddingConfig(_Strict):
         return widths
 
 
+class ClassifierConfig(_Strict):
+    """Which output holds one row of logits per sequence, for the routes that classify
+    (/classify) and rerank (/rerank, /v1/rerank, /v2/rerank)."""
+
+    output: str = Field(description="the output that holds the logits, one row per sequence")
+    labels: list[str] | None = Field(
+        default=None,
+        min_length=1,
+        description="the labels' names in the logits' order (id2label); default LABEL_0...",
+    )
+    activation: Literal["softmax", "sigmoid", "none"] | None = Field(
+        default=None,
+        description="how logits become scores: softmax (one label of several), sigmoid (each "
+        "label on its own), none; default sigmoid for one label, softmax for more",
+    )
+    rerank_label: int | None = Field(
+        default=None,
+        ge=0,
+        description="the label whose score is a (query, document) pair's relevance: set, the "
+        "model reranks (a cross-encoder with one label: 0)",
+    )
+
+
 class VersionPolicy(_Strict):
     """Which version folders are served at once (Triton's version policy); one of the three."""
 
@@ -234,6 +257,7 @@ class ModelConfig(_Strict):
     batching: BatchingConfig
     tokenizer: TokenizerConfig | None = None
     embedding: EmbeddingConfig | None = None
+    classifier: ClassifierConfig | None = None
     build: str | None = Field(
         default=None, description="`bucketserve models build` recipe that makes this model's files"
     )
@@ -264,11 +288,12 @@ class ModelConfig(_Strict):
             raise ValueError("a tokenizer needs a 'tokens' input")
         if self.version is not None and self.version_policy is not None:
             raise ValueError("give version or version_policy, not both")
-        if self.embedding is not None and self.embedding.output not in self.outputs:
-            raise ValueError(
-                f"embedding.output {self.embedding.output!r} is not one of the outputs "
-                f"{sorted(self.outputs)}"
-            )
+        for section, head in (("embedding", self.embedding), ("classifier", self.classifier)):
+            if head is not None and head.output not in self.outputs:
+                raise ValueError(
+                    f"{section}.output {head.output!r} is not one of the outputs "
+                    f"{sorted(self.outputs)}"
+                )
         return self
 
     @property

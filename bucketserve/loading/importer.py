@@ -7,7 +7,11 @@ server loads it at start. It reads the local folder only; nothing is downloaded.
 What the folder says becomes the config: input roles from their names, the tokenizer's
 truncation from `sentence_bert_config.json` (else the model's maximum positions), bucket edges
 up to that length, and the embedding: a graph's own `sentence_embedding`, or the per-token
-states pooled as `1_Pooling` says and normalised when the module list has `Normalize`.
+states pooled as `1_Pooling` says and normalised when the module list has `Normalize`. A
+sequence classifier (`architectures` ending in ForSequenceClassification, a `logits` output)
+gets a classifier instead: its labels from `id2label`, its activation from `problem_type`
+(or a sentence-transformers CrossEncoder's `activation_fn`), and, with one label (a
+cross-encoder), the rerank task.
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ class Export:
     max_length: int
     embedding: dict[str, Any] | None
     notes: list[str]  # what the folder left out, said to the user
+    classifier: dict[str, Any] | None = None
 
 
 def _json(path: Path, kind: type[dict[str, Any]] | type[list[Any]] = dict) -> Any:
@@ -108,6 +113,7 @@ def read_export(folder: Path) -> Export:
         raise ConfigError(f"{folder / 'config.json'}: vocab_size: needed, a positive integer")
     notes: list[str] = []
     outputs = [o.name for o in graph.graph.output]
+    classifier = _classifier(model_config, outputs)
     return Export(
         onnx_path,
         _external_files(graph, onnx_path.parent),
@@ -117,9 +123,41 @@ def read_export(folder: Path) -> Export:
         vocab_size,
         int(model_config.get("pad_token_id") or 0),  # (RoBERTa's is 1)
         _max_length(folder, model_config),
-        _embedding(folder, outputs, notes),
+        None if classifier else _embedding(folder, outputs, notes),
         notes,
+        classifier,
     )
+
+
+ACTIVATIONS = {  # a CrossEncoder's activation_fn, and transformers' problem_type
+    "Sigmoid": "sigmoid",
+    "Identity": "none",
+    "Softmax": "softmax",
+    "multi_label_classification": "sigmoid",
+    "single_label_classification": "softmax",
+    "regression": "none",
+}
+
+
+def _classifier(model_config: dict[str, Any], outputs: list[str]) -> dict[str, Any] | None:
+    """The classifier a sequence classification export is, or None for any other."""
+    architectures = [str(a) for a in model_config.get("architectures") or []]
+    if "logits" not in outputs or not any(
+        a.endswith("ForSequenceClassification") for a in architectures
+    ):
+        return None
+    id2label = model_config.get("id2label") or {}
+    count = len(id2label) or int(model_config.get("num_labels") or 2)
+    labels = [str(id2label.get(str(i), f"LABEL_{i}")) for i in range(count)]
+    cross_encoder = model_config.get("sentence_transformers") or {}
+    said = str(cross_encoder.get("activation_fn") or model_config.get("problem_type") or "")
+    activation = ACTIVATIONS.get(said.rsplit(".", 1)[-1])
+    rule: dict[str, Any] = {"output": "logits", "labels": labels}
+    if activation is not None:
+        rule["activation"] = activation
+    if count == 1:  # a cross-encoder's relevance, or a one-label score
+        rule["rerank_label"] = 0
+    return rule
 
 
 def _max_length(folder: Path, model_config: dict[str, Any]) -> int:
@@ -206,6 +244,16 @@ def config_text(export: Export, source: Path) -> str:
             f"normalize = {str(rule['normalize']).lower()}",
             "",
         ]
+    if export.classifier is not None:
+        rule = export.classifier
+        lines += [
+            "[classifier]",
+            f'output = "{rule["output"]}"',
+            f"labels = {_toml(rule['labels'])}",
+        ]
+        lines += [f'activation = "{rule["activation"]}"'] if "activation" in rule else []
+        lines += [f"rerank_label = {rule['rerank_label']}"] if "rerank_label" in rule else []
+        lines.append("")
     lines += [
         "[batching]",
         f"buckets = {edges}",
@@ -219,6 +267,11 @@ def config_text(export: Export, source: Path) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _toml(strings: list[str]) -> str:
+    """A list of strings as TOML writes it (JSON's escapes are TOML's basic strings')."""
+    return "[" + ", ".join(json.dumps(s, ensure_ascii=False) for s in strings) + "]"
 
 
 def _external_files(graph: onnx.ModelProto, folder: Path) -> list[Path]:

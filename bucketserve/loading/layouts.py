@@ -1,7 +1,8 @@
 """From a spec, what the request path will read: the layout of every tensor (roles, dtypes,
 batch and time axes, each output's steps; what the dim names leave open found by running the
 model, `probe`), the rules one valid sequence follows (vocabulary, reserved ids, the shape of
-a step, the shortest length), and the embedding rule, checked against the layout.
+a step, the shortest length), and the embedding and classifier rules, checked against the
+layout.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import dataclasses
 import functools
 from dataclasses import dataclass
 
+from bucketserve.core.classifier import Activation, Classifier
 from bucketserve.core.embedding import Embedding, Pooling
 from bucketserve.core.layout import Input, InputRole, Layout, Tensor
 from bucketserve.core.model import SequenceRules
@@ -130,3 +132,40 @@ def embedding_of(spec: ModelSpec, layout: Layout) -> Embedding | None:
         )
     dimensions = tuple(sorted(set(widths))) if isinstance(widths, list) else widths or ()
     return Embedding(config.output, pooling, config.normalize, width, dimensions)
+
+
+def classifier_of(spec: ModelSpec, layout: Layout) -> Classifier | None:
+    """The config's `[classifier]`, checked against the output it names: one row of logits
+    per sequence, as wide as the labels named, the rerank label among them."""
+    config = spec.config.classifier
+    if config is None:
+        return None
+    field = functools.partial(ConfigError.at, spec.onnx_path)
+    tensor = layout.output(config.output)
+    row = [d for i, d in enumerate(tensor.dims) if i not in (tensor.batch_axis, tensor.time_axis)]
+    if tensor.per_step or len(row) > 1:
+        shape = ["T" if i == tensor.time_axis else d for i, d in enumerate(tensor.dims)]
+        raise field(
+            "classifier.output",
+            f"output {tensor.name} is {shape} per batch: a classifier reads one row of logits "
+            "per sequence",
+        )
+    width = row[0] if row else 1
+    if width is None:
+        raise field("classifier.output", f"output {tensor.name} leaves its width free")
+    labels = config.labels or [f"LABEL_{i}" for i in range(width)]
+    if len(labels) != width:
+        raise field(
+            "classifier.labels", f"{len(labels)} labels for output {tensor.name}'s {width} logits"
+        )
+    if config.rerank_label is not None and config.rerank_label >= width:
+        raise field(
+            "classifier.rerank_label", f"{config.rerank_label}: the labels are 0 to {width - 1}"
+        )
+    if config.activation is not None:
+        activation = Activation(config.activation)
+    else:
+        activation = Activation.SIGMOID if width == 1 else Activation.SOFTMAX
+    if spec.config.tokenizer is None:
+        raise field("classifier", "a classifier reads texts: name the model's [tokenizer]")
+    return Classifier(config.output, tuple(labels), activation, config.rerank_label)

@@ -19,7 +19,7 @@ from bucketserve.control import Control
 from bucketserve.core.engine import Engine
 from bucketserve.edges.auth import ApiKeys
 from bucketserve.edges.failures import CLIENT_CLOSED, Failures
-from bucketserve.edges.http import contract, kserve_routes, openai_api, predict
+from bucketserve.edges.http import contract, kserve_routes, openai_api, predict, tasks
 from bucketserve.edges.http.common import (
     REFUSED,
     SERVER_VERSION,
@@ -68,6 +68,7 @@ def create_app(
     app.include_router(predict.router)
     app.include_router(kserve_routes.router)
     app.include_router(openai_api.router)
+    app.include_router(tasks.router)
     registry = engine.registry
     versions = [str(model.info.version) for model in registry.models.values()]
     names = [*registry.models, *registry.failed]

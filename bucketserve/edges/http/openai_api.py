@@ -21,7 +21,8 @@ from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
 
 from bucketserve.core.calls import Call, Inputs, Sequences, Texts
-from bucketserve.core.heads import EMBEDDING, Embed, embedding_rule
+from bucketserve.core.heads import EMBEDDING, Embed
+from bucketserve.core.model import Model
 from bucketserve.edges.http.common import (
     JSON,
     TIMEOUT_PARAMETER,
@@ -35,7 +36,7 @@ from bucketserve.edges.http.common import (
     unless_client_leaves,
 )
 from bucketserve.edges.http.schemas import WHY, Integer, Positive, inlined, is_integer
-from bucketserve.errors import BucketserveError, MalformedRequest
+from bucketserve.errors import BucketserveError, MalformedRequest, TaskNotServed
 
 router = APIRouter(prefix="/v1", tags=["OpenAI"])
 
@@ -89,6 +90,7 @@ class ModelCard(BaseModel):
     object: Literal["model"]
     created: int
     owned_by: str
+    tasks: list[str] = Field(description="what it serves: predict, embed, rerank, classify...")
 
 
 class ModelList(BaseModel):
@@ -231,24 +233,40 @@ async def embeddings(request: Request) -> Response:
     )
 
 
-def card(name: str) -> dict[str, Any]:
-    return {"id": name, "object": "model", "created": STARTED, "owned_by": "bucketserve"}
+RETRIEVAL = ("embed", "rerank", "classify")  # the tasks a model is listed here for
 
 
-@router.get("/models", response_model=ModelList, summary="The models that embed")
+def card(model: Model) -> dict[str, Any]:
+    return {
+        "id": model.name,
+        "object": "model",
+        "created": STARTED,
+        "owned_by": "bucketserve",
+        "tasks": model.info.tasks,
+    }
+
+
+@router.get(
+    "/models", response_model=ModelList, summary="The models that embed, rerank or classify"
+)
 async def models(request: Request) -> Response:
-    engine = engine_of(request)
-    served = engine.registry.models.items()
-    names = [name for name, model in served if model.info.embedding is not None]
-    return json_response({"object": "list", "data": [card(name) for name in sorted(names)]})
+    served = engine_of(request).registry.models
+    listed = [served[n] for n in sorted(served) if set(RETRIEVAL) & set(served[n].info.tasks)]
+    return json_response({"object": "list", "data": [card(model) for model in listed]})
 
 
 @router.get(
     "/models/{name}",
     response_model=ModelCard,
-    responses=openai_errors(404, 422, 503),
-    summary="One model that embeds",
+    responses=openai_errors(400, 404, 422, 503),
+    summary="One model that embeds, reranks or classifies",
 )
 async def model(request: Request, name: str) -> Response:
-    embedding_rule(engine_of(request).model(name))
-    return json_response(card(name))
+    found = engine_of(request).model(name)
+    if not set(RETRIEVAL) & set(found.info.tasks):
+        raise TaskNotServed(
+            f"model {name} does not embed, rerank or classify (it serves "
+            f"{', '.join(found.info.tasks)})",
+            param="model",
+        )
+    return json_response(card(found))

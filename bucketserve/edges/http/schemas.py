@@ -18,11 +18,11 @@ from bucketserve.errors import MalformedRequest
 NAME = Field(min_length=1, max_length=256)
 
 
-class _Strict(BaseModel):
+class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
-def validate(schema: type[_Strict], body: Any, where: str) -> Any:
+def validate(schema: type[Strict], body: Any, where: str) -> Any:
     """`body` as `schema`, or MalformedRequest naming the first fields that are wrong."""
     try:
         return schema.model_validate(body)
@@ -77,13 +77,13 @@ Count = Annotated[int, Field(ge=0), BeforeValidator(_integral)]
 Positive = Annotated[int, Field(ge=1), BeforeValidator(_integral)]
 
 
-class TensorParameters(_Strict):
+class TensorParameters(Strict):
     binary_data_size: Count | None = Field(
         None, description="the tensor's bytes follow the JSON header, in order"
     )
 
 
-class InputTensor(_Strict):
+class InputTensor(Strict):
     name: str = NAME
     shape: list[Count] = Field(max_length=8)
     datatype: Datatype
@@ -91,16 +91,16 @@ class InputTensor(_Strict):
     data: list[Any] | None = Field(None, description="row-major values, flat or nested")
 
 
-class OutputParameters(_Strict):
+class OutputParameters(Strict):
     binary_data: bool | None = Field(None, description="send this output as binary")
 
 
-class RequestedOutput(_Strict):
+class RequestedOutput(Strict):
     name: str = NAME
     parameters: OutputParameters | None = None
 
 
-class RequestParameters(_Strict):
+class RequestParameters(Strict):
     """Triton's request parameters (`bucketserve.edges.kserve.PARAMETERS`)."""
 
     binary_data_output: bool | None = Field(None, description="every output as binary")
@@ -112,7 +112,7 @@ class RequestParameters(_Strict):
     priority: Count | None = Field(None, description="accepted and ignored")
 
 
-class InferRequest(_Strict):
+class InferRequest(Strict):
     """A KServe v2 inference request's JSON (the binary tensor extension's header)."""
 
     id: str | None = Field(None, max_length=256)

@@ -1,0 +1,300 @@
+"""The tasks a retrieval pipeline calls beside embeddings, in the shapes its clients send:
+
+- `POST /rerank` (text-embeddings-inference's: `query`, `texts`) and `POST /v1/rerank`,
+  `POST /v2/rerank` (Cohere's and Jina's: `query`, `documents`, `top_n`): each (query,
+  document) pair one sequence, as the model's tokenizer pairs them, scored by the `Rerank`
+  head; answered sorted by relevance.
+- `POST /classify` (text-embeddings-inference's `/predict` body): a text, a pair, or a batch
+  of them; each label's score by the `Classify` head, best first.
+- `POST /tokenize` and `POST /decode`: the model's own tokenizer, with no model run.
+
+A body becomes the core's one call (`Texts` or `TextPairs`, with the task's head): admission,
+deadlines, the token budget, batching by length and the API key are the core's and the app's,
+as for every route. A route without a `model` goes to the default model when it serves the
+task, else to the one model that does. Errors come in the one error form.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Request, Response
+from pydantic import Field, StrictBool, StrictStr
+
+from bucketserve.core.calls import INLINE_TEXT_CHARS, Call, Inputs, TextPairs, Texts
+from bucketserve.core.engine import Engine
+from bucketserve.core.heads import RELEVANCE, SCORES, Classify, Head, Rerank, classifier_rule
+from bucketserve.core.model import Model, Truncation
+from bucketserve.edges.http.common import (
+    JSON,
+    TIMEOUT_PARAMETER,
+    engine_of,
+    json_response,
+    off_loop,
+    parse_json,
+    read_body,
+    request_id,
+    request_timeout_ms,
+    unless_client_leaves,
+)
+from bucketserve.edges.http.schemas import Integer, Positive, Strict, errors, inlined, validate
+from bucketserve.errors import InvalidInput, TaskNotServed
+
+router = APIRouter(tags=["Tasks"])
+
+Text = Annotated[StrictStr, Field(min_length=1)]
+
+
+class _TextOptions(Strict):
+    model: StrictStr | None = Field(
+        None, min_length=1, description="default: the default model, or the one that does this"
+    )
+    truncate: StrictBool = Field(
+        False, description="cut a text longer than the model takes (else it is refused)"
+    )
+    truncation_direction: Literal["right", "left", "Right", "Left"] = Field(
+        "right", description="where a text is cut: its end (right) or its start (left)"
+    )
+
+    @property
+    def truncation(self) -> Truncation:
+        return Truncation(self.truncate, self.truncation_direction.lower() == "left")
+
+
+class TeiRerankBody(_TextOptions):
+    """text-embeddings-inference's /rerank."""
+
+    query: Text
+    texts: list[Text] = Field(min_length=1, description="the documents")
+    raw_scores: StrictBool = Field(False, description="the logits, not their sigmoid")
+    return_text: StrictBool = Field(False, description="each document's text beside its score")
+
+
+class Document(Strict):
+    text: Text
+
+
+class RerankBody(Strict):
+    """Cohere's and Jina's rerank (their SDKs' fields; the ones they also send and that do not
+    apply here are accepted and ignored)."""
+
+    model: StrictStr | None = Field(None, min_length=1)
+    query: Text
+    documents: list[Text | Document] = Field(min_length=1)
+    top_n: Positive | None = Field(None, description="the best this many (default: all)")
+    return_documents: StrictBool = Field(False, description="each document beside its score")
+    truncate: StrictBool = Field(True, description="cut a pair longer than the model takes")
+    rank_fields: list[StrictStr] | None = Field(None, description="accepted and ignored")
+    max_chunks_per_doc: Integer | None = Field(None, description="accepted and ignored")
+    max_tokens_per_doc: Integer | None = Field(None, description="accepted and ignored")
+
+
+Item = Text | Annotated[list[Text], Field(min_length=1, max_length=2)]
+
+
+class ClassifyBody(_TextOptions):
+    """text-embeddings-inference's /predict body: a text, a pair [a, b], or a batch of them
+    (a batch of texts is [[a], [b]], as a list of two strings is one pair)."""
+
+    inputs: Item | Annotated[list[Item], Field(min_length=1)]
+    raw_scores: StrictBool = Field(False, description="the logits, not their scores")
+    top_k: Positive | None = Field(None, description="the best this many labels (default: all)")
+
+
+class TokenizeBody(Strict):
+    model: StrictStr | None = Field(None, min_length=1)
+    inputs: Text | Annotated[list[Text], Field(min_length=1)]
+    add_special_tokens: StrictBool = True
+
+
+class DecodeBody(Strict):
+    model: StrictStr | None = Field(None, min_length=1)
+    ids: list[Integer] | Annotated[list[list[Integer]], Field(min_length=1)]
+    skip_special_tokens: StrictBool = True
+
+
+def serving(engine: Engine, name: str | None, task: str) -> str | None:
+    """The model a request without a `model` goes to: the default, when it serves `task`,
+    else the one model that does (else the default, which refuses naming its tasks)."""
+    if name is not None:
+        return name
+    models = engine.registry.models
+    default = engine.registry.default_model
+    if default in models and task in models[default].info.tasks:
+        return default
+    able = [n for n, m in models.items() if task in m.info.tasks]
+    return able[0] if len(able) == 1 else None
+
+
+async def run(request: Request, inputs: Inputs, name: str | None, head: Head) -> Any:
+    engine = engine_of(request)
+    call = Call(
+        inputs,
+        name,
+        timeout_ms=request_timeout_ms(request),
+        request_id=request_id(request),
+        head=head,
+    )
+    return await unless_client_leaves(request, engine.infer(call))
+
+
+async def body_of(request: Request, schema: type[Strict]) -> Any:
+    engine = engine_of(request)
+    raw = await read_body(request, engine.settings.max_body_bytes)
+    values = 2 * engine.settings.max_sequences + 64
+    parsed = await off_loop(parse_json, raw, 0, values)
+    return validate(schema, parsed, "body")
+
+
+def ranked(scores: Sequence[float], top: int | None) -> list[int]:
+    """Indices by score, best first (ties in order), cut to `top`."""
+    order = sorted(range(len(scores)), key=lambda i: -scores[i])
+    return order if top is None else order[:top]
+
+
+@router.post(
+    "/rerank",
+    responses=errors(400, 404, 413, 415, 422, 503, 504),
+    openapi_extra={
+        "requestBody": {"required": True, "content": {JSON: {"schema": inlined(TeiRerankBody)}}},
+        "parameters": [TIMEOUT_PARAMETER],
+    },
+    summary="Rerank texts against a query (text-embeddings-inference's shape)",
+)
+async def rerank_tei(request: Request) -> Response:
+    body: TeiRerankBody = await body_of(request, TeiRerankBody)
+    name = serving(engine_of(request), body.model, "rerank")
+    pairs = TextPairs([(body.query, text) for text in body.texts], body.truncation)
+    answer = await run(request, pairs, name, Rerank(body.raw_scores))
+    scores = [float(out[RELEVANCE]) for out in answer.outputs]
+    return json_response(
+        [
+            {"index": i, "score": scores[i]} | ({"text": body.texts[i]} if body.return_text else {})
+            for i in ranked(scores, None)
+        ]
+    )
+
+
+async def rerank(request: Request) -> Response:
+    """Cohere's and Jina's rerank, at both their paths."""
+    body: RerankBody = await body_of(request, RerankBody)
+    documents = [d if isinstance(d, str) else d.text for d in body.documents]
+    if body.top_n is not None and body.top_n > len(documents):
+        raise InvalidInput(
+            f"top_n {body.top_n} is more than the {len(documents)} documents", param="top_n"
+        )
+    name = serving(engine_of(request), body.model, "rerank")
+    pairs = TextPairs([(body.query, d) for d in documents], Truncation(body.truncate))
+    answer = await run(request, pairs, name, Rerank())
+    scores = [float(out[RELEVANCE]) for out in answer.outputs]
+    results = [
+        {"index": i, "relevance_score": scores[i]}
+        | ({"document": {"text": documents[i]}} if body.return_documents else {})
+        for i in ranked(scores, body.top_n)
+    ]
+    tokens = sum(answer.lengths)
+    return json_response(
+        {
+            "id": request_id(request),
+            "results": results,
+            "model": answer.model.name,
+            "usage": {"total_tokens": tokens},
+            "meta": {"api_version": {"version": "2"}, "billed_units": {"search_units": 1}},
+        }
+    )
+
+
+for path in ("/v1/rerank", "/v2/rerank"):
+    router.add_api_route(
+        path,
+        rerank,
+        methods=["POST"],
+        responses=errors(400, 404, 413, 415, 422, 503, 504),
+        openapi_extra={
+            "requestBody": {"required": True, "content": {JSON: {"schema": inlined(RerankBody)}}},
+            "parameters": [TIMEOUT_PARAMETER],
+        },
+        summary=f"Rerank documents against a query (Cohere's and Jina's shape), at {path}",
+        tags=["Tasks"],
+    )
+
+
+@router.post(
+    "/classify",
+    responses=errors(400, 404, 413, 415, 422, 503, 504),
+    openapi_extra={
+        "requestBody": {"required": True, "content": {JSON: {"schema": inlined(ClassifyBody)}}},
+        "parameters": [TIMEOUT_PARAMETER],
+    },
+    summary="Each label's score for a text or a text pair, or a batch of them",
+)
+async def classify(request: Request) -> Response:
+    body: ClassifyBody = await body_of(request, ClassifyBody)
+    single = isinstance(body.inputs, str) or all(isinstance(x, str) for x in body.inputs)
+    items: list[Any] = [body.inputs] if single else list(body.inputs)
+    texts = [[item] if isinstance(item, str) else item for item in items]
+    if any(len(t) == 2 for t in texts) and any(len(t) == 1 for t in texts):
+        raise InvalidInput("inputs: send texts, or pairs, not both in one batch")
+    inputs: Inputs = (
+        TextPairs([(a, b) for a, b in texts], body.truncation)
+        if len(texts[0]) == 2
+        else Texts([t[0] for t in texts], body.truncation)
+    )
+    name = serving(engine_of(request), body.model, "classify")
+    answer = await run(request, inputs, name, Classify(body.raw_scores))
+    labels = classifier_rule(answer.model).labels
+    results = [
+        [{"label": labels[i], "score": float(scores[i])} for i in ranked(scores, body.top_k)]
+        for scores in (out[SCORES] for out in answer.outputs)
+    ]
+    return json_response(results[0] if single else results)
+
+
+def tokenizing_model(request: Request, name: str | None) -> Model:
+    engine = engine_of(request)
+    model = engine.model(serving(engine, name, "tokenize"))
+    if model.tokenizer is None:
+        raise TaskNotServed(
+            f"model {model.name} has no tokenizer (it serves {', '.join(model.info.tasks)})",
+            param="model",
+        )
+    return model
+
+
+@router.post(
+    "/tokenize",
+    responses=errors(400, 404, 413, 415, 422),
+    openapi_extra={
+        "requestBody": {"required": True, "content": {JSON: {"schema": inlined(TokenizeBody)}}}
+    },
+    summary="Tokens of each text, by the model's own tokenizer: ids, pieces, offsets",
+)
+async def tokenize(request: Request) -> Response:
+    body: TokenizeBody = await body_of(request, TokenizeBody)
+    model = tokenizing_model(request, body.model)
+    texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
+    limit = engine_of(request).settings.max_sequences
+    if len(texts) > limit:
+        raise InvalidInput(f"too many texts: {len(texts)} > {limit}")
+    if sum(map(len, texts)) > INLINE_TEXT_CHARS:  # (as a text call would, off the loop)
+        tokens = await asyncio.to_thread(model.tokens, texts, body.add_special_tokens)
+    else:
+        tokens = model.tokens(texts, body.add_special_tokens)
+    return json_response(tokens)
+
+
+@router.post(
+    "/decode",
+    responses=errors(400, 404, 413, 415, 422),
+    openapi_extra={
+        "requestBody": {"required": True, "content": {JSON: {"schema": inlined(DecodeBody)}}}
+    },
+    summary="Texts of token id lists, by the model's own tokenizer",
+)
+async def decode(request: Request) -> Response:
+    body: DecodeBody = await body_of(request, DecodeBody)
+    model = tokenizing_model(request, body.model)
+    rows = [body.ids] if not body.ids or isinstance(body.ids[0], int) else body.ids
+    return json_response(model.decode(rows, body.skip_special_tokens))  # type: ignore[arg-type]

@@ -1,0 +1,135 @@
+"""Task exports as optimum writes them, made here from transformers' own classes (the export
+extra): small BERT sequence classifiers with seeded weights exported to ONNX
+(`input_ids`, `attention_mask`, `token_type_ids` -> `logits`), their `config.json` as
+`save_pretrained` writes it (architectures, id2label, problem_type; a sentence-transformers
+CrossEncoder's `activation_fn` for the cross-encoder), and the WordPiece tokenizer of
+`tests.exports`, which pairs texts as BERT does (the second text in segment 1).
+
+`Reference` answers from the transformers model itself, on one input alone: the
+classification pipeline's label scores, and CrossEncoder.predict's score (the sigmoid of a
+one-label head's logit).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from modelgen.save import save_model
+from tests.exports import tokenizer, vocabulary
+
+MAX_POSITIONS = 128
+CROSS_ENCODER = {"activation_fn": "torch.nn.modules.activation.Sigmoid", "version": "5.0.0"}
+
+
+def write_classifier(
+    folder: Path,
+    labels: list[str],
+    *,
+    problem_type: str | None = None,
+    cross_encoder: bool = False,
+    seed: int = 0,
+) -> Any:
+    """An export folder of a BERT sequence classifier with these labels; the transformers
+    model it was exported from is returned (the reference)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+    from transformers import BertConfig, BertForSequenceClassification
+
+    torch.manual_seed(seed)
+    config = BertConfig(
+        vocab_size=len(vocabulary()),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=MAX_POSITIONS,
+        num_labels=len(labels),
+        id2label=dict(enumerate(labels)),
+        label2id={label: i for i, label in enumerate(labels)},
+        problem_type=problem_type,
+        initializer_range=0.3,  # (scores well apart: 0.02's are all near one value)
+    )
+    config._attn_implementation = "eager"
+    model = BertForSequenceClassification(config).eval()
+    # (the example mask holds padding: with all ones transformers skips the mask in the trace)
+    ids = torch.randint(5, len(vocabulary()), (2, 12))
+    mask = torch.ones_like(ids)
+    mask[1, 7:] = 0
+    example = (ids, mask, torch.zeros_like(ids))
+    axes = {0: "batch_size", 1: "sequence_length"}
+    folder.mkdir(parents=True)
+    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        exported = Path(tmp) / "model.onnx"
+        torch.onnx.export(
+            model,
+            example,
+            str(exported),
+            dynamo=False,
+            opset_version=17,
+            input_names=["input_ids", "attention_mask", "token_type_ids"],
+            output_names=["logits"],
+            dynamic_axes={
+                "input_ids": axes,
+                "attention_mask": axes,
+                "token_type_ids": axes,
+                "logits": {0: "batch_size"},
+            },
+        )
+        save_model(onnx.load(str(exported)), folder / "model.onnx")
+    model.config.architectures = [type(model).__name__]  # (as save_pretrained sets it)
+    model.config.save_pretrained(folder)
+    if cross_encoder:
+        written = json.loads((folder / "config.json").read_text())
+        written["sentence_transformers"] = CROSS_ENCODER
+        (folder / "config.json").write_text(json.dumps(written, indent=2))
+    tokenizer().save(str(folder / "tokenizer.json"))
+    return model
+
+
+class Reference:
+    """The transformers model on one text or pair alone, tokenised by the export's tokenizer
+    without padding."""
+
+    def __init__(self, model: Any) -> None:
+        from transformers import PreTrainedTokenizerFast
+
+        tok = tokenizer()
+        tok.no_padding()
+        tok.enable_truncation(MAX_POSITIONS)
+        self.fast = PreTrainedTokenizerFast(
+            tokenizer_object=tok,
+            pad_token="[PAD]",
+            model_max_length=MAX_POSITIONS,
+            model_input_names=["input_ids", "token_type_ids", "attention_mask"],  # (BERT's)
+        )
+        self.model = model
+
+    def logits(self, text: str, pair: str | None = None) -> np.ndarray:
+        import torch
+
+        encoded = self.fast(text, pair, return_tensors="pt", truncation=True)
+        with torch.no_grad():
+            return self.model(**encoded).logits[0].numpy()  # type: ignore[no-any-return]
+
+    def cross_encoder_score(self, query: str, document: str) -> float:
+        """CrossEncoder.predict's score: its Sigmoid activation over a one-label logit."""
+        import torch
+
+        return float(torch.sigmoid(torch.from_numpy(self.logits(query, document)))[0])
+
+    def pipeline_scores(self, text: str, pair: str | None = None) -> dict[str, float]:
+        """The text-classification pipeline's score of every label."""
+        from transformers import pipeline
+
+        classify = pipeline("text-classification", model=self.model, tokenizer=self.fast)
+        given: Any = text if pair is None else {"text": text, "text_pair": pair}
+        return {r["label"]: r["score"] for r in classify(given, top_k=None)}

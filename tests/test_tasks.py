@@ -1,0 +1,266 @@
+"""Rerank, classify and tokenize: transformers' own sequence classifiers exported as optimum
+writes them, brought in with `models import`, served beside an embedder, every score equal
+(1e-5) to what transformers gives for that input alone (`tests.task_exports.Reference`)."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import tomllib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from bucketserve.loading import load_engine
+from bucketserve.loading.importer import import_model
+from bucketserve.settings import Settings
+from tests.exports import texts, tokenizer, write_export
+from tests.helpers import serving
+from tests.task_exports import MAX_POSITIONS, Reference, write_classifier
+
+SENTIMENT = ["negative", "neutral", "positive"]
+QUERY = "what is a bucket"
+TOLERANCE = 1e-5
+
+pytestmark = pytest.mark.timeout(600)
+
+
+class Repository:
+    """The exports, imported once for the module: a cross-encoder (`reranker`), a classifier
+    of three labels (`sentiment`) and a sentence embedder (`embedder`)."""
+
+    def __init__(self, root: Path) -> None:
+        exports, self.models = root / "exports", root / "models"
+        self.reranker = Reference(
+            write_classifier(exports / "reranker", ["LABEL_0"], cross_encoder=True, seed=3)
+        )
+        self.sentiment = Reference(
+            write_classifier(
+                exports / "sentiment", SENTIMENT, problem_type="single_label_classification"
+            )
+        )
+        write_export(exports / "embedder")
+        self.configs = {
+            name: import_model(exports / name, self.models, name).config
+            for name in ("reranker", "sentiment", "embedder")
+        }
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory: pytest.TempPathFactory) -> Repository:
+    return Repository(tmp_path_factory.mktemp("tasks"))
+
+
+@pytest.fixture
+async def client(repository: Repository) -> AsyncIterator[httpx.AsyncClient]:
+    engine = load_engine(Settings(models=repository.models, max_sequences=64))
+    async with serving(engine) as served:
+        yield served
+
+
+def documents(count: int, seed: int) -> list[str]:
+    return texts(count, seed)
+
+
+def test_import_writes_each_task_from_the_export(repository: Repository) -> None:
+    reranker = tomllib.loads(repository.configs["reranker"])
+    assert reranker["classifier"] == {
+        "output": "logits",
+        "labels": ["LABEL_0"],
+        "activation": "sigmoid",  # (the CrossEncoder's activation_fn)
+        "rerank_label": 0,
+    }
+    assert "embedding" not in reranker
+    sentiment = tomllib.loads(repository.configs["sentiment"])
+    assert sentiment["classifier"] == {
+        "output": "logits",
+        "labels": SENTIMENT,
+        "activation": "softmax",  # (problem_type single_label_classification)
+    }
+
+
+async def test_tei_rerank_scores_each_pair_as_the_cross_encoder(
+    client: httpx.AsyncClient, repository: Repository
+) -> None:
+    docs = documents(24, seed=1)
+    answer = await client.post("/rerank", json={"query": QUERY, "texts": docs, "return_text": True})
+    assert answer.status_code == 200, answer.text
+    results = answer.json()
+    assert sorted(r["index"] for r in results) == list(range(len(docs)))
+    assert [r["score"] for r in results] == sorted((r["score"] for r in results), reverse=True)
+    for r in results:
+        assert r["text"] == docs[r["index"]]
+        want = repository.reranker.cross_encoder_score(QUERY, docs[r["index"]])
+        assert r["score"] == pytest.approx(want, abs=TOLERANCE)
+    raw = await client.post("/rerank", json={"query": QUERY, "texts": docs[:3], "raw_scores": True})
+    for r in raw.json():
+        logit = repository.reranker.logits(QUERY, docs[r["index"]])[0]
+        assert r["score"] == pytest.approx(float(logit), abs=TOLERANCE)
+        assert "text" not in r
+
+
+@pytest.mark.parametrize("path", ["/v1/rerank", "/v2/rerank"])
+async def test_cohere_and_jina_rerank(
+    client: httpx.AsyncClient, repository: Repository, path: str
+) -> None:
+    docs = documents(10, seed=2)
+    body = {
+        "model": "reranker",
+        "query": QUERY,
+        "documents": [docs[0], *({"text": d} for d in docs[1:])],
+        "top_n": 4,
+        "return_documents": True,
+    }
+    answer = await client.post(path, json=body)
+    assert answer.status_code == 200, answer.text
+    reply = answer.json()
+    assert reply["model"] == "reranker"
+    assert reply["usage"]["total_tokens"] > 0
+    scores = [repository.reranker.cross_encoder_score(QUERY, d) for d in docs]
+    best = sorted(range(len(docs)), key=lambda i: -scores[i])[:4]
+    assert [r["index"] for r in reply["results"]] == best
+    for r in reply["results"]:
+        assert r["relevance_score"] == pytest.approx(scores[r["index"]], abs=TOLERANCE)
+        assert r["document"] == {"text": docs[r["index"]]}
+
+
+async def test_classify_a_text_a_pair_and_a_batch(
+    client: httpx.AsyncClient, repository: Repository
+) -> None:
+    reference = repository.sentiment
+    one = await client.post("/classify", json={"model": "sentiment", "inputs": "the cat read"})
+    assert one.status_code == 200, one.text
+    want = reference.pipeline_scores("the cat read")
+    assert [r["label"] for r in one.json()] == sorted(want, key=lambda k: -want[k])
+    for r in one.json():
+        assert r["score"] == pytest.approx(want[r["label"]], abs=TOLERANCE)
+
+    pair = await client.post(
+        "/classify", json={"model": "sentiment", "inputs": ["a query", "a reply"], "top_k": 1}
+    )
+    want = reference.pipeline_scores("a query", "a reply")
+    (best,) = pair.json()
+    assert best["label"] == max(want, key=lambda k: want[k])
+    assert best["score"] == pytest.approx(max(want.values()), abs=TOLERANCE)
+
+    batch = texts(9, seed=4)
+    many = await client.post(
+        "/classify",
+        json={"model": "sentiment", "inputs": [[t] for t in batch], "raw_scores": True},
+    )
+    assert many.status_code == 200, many.text
+    for text, scores in zip(batch, many.json(), strict=True):
+        logits = reference.logits(text)
+        for r in scores:
+            index = SENTIMENT.index(r["label"])
+            assert r["score"] == pytest.approx(float(logits[index]), abs=TOLERANCE)
+
+
+async def test_rerank_and_classify_beside_embeddings_under_concurrent_traffic(
+    client: httpx.AsyncClient, repository: Repository
+) -> None:
+    """Mixed traffic on one server, every answer exact: one request's pairs of many lengths
+    are batched by length with other requests'."""
+    queries = [(f"query {i} {QUERY}", documents(12, seed=10 + i)) for i in range(6)]
+    classified = texts(12, seed=20)
+    embedded = texts(12, seed=21)
+    replies = await asyncio.gather(
+        *(client.post("/v1/rerank", json={"query": q, "documents": d}) for q, d in queries),
+        *(client.post("/classify", json={"model": "sentiment", "inputs": t}) for t in classified),
+        *(client.post("/v1/embeddings", json={"model": "embedder", "input": t}) for t in embedded),
+    )
+    assert [r.status_code for r in replies] == [200] * len(replies), [r.text for r in replies]
+    for (query, docs), reply in zip(queries, replies[: len(queries)], strict=True):
+        for r in reply.json()["results"]:
+            want = repository.reranker.cross_encoder_score(query, docs[r["index"]])
+            assert r["relevance_score"] == pytest.approx(want, abs=TOLERANCE)
+    for text, reply in zip(classified, replies[len(queries) :], strict=False):
+        want = repository.sentiment.pipeline_scores(text)
+        for r in reply.json():
+            assert r["score"] == pytest.approx(want[r["label"]], abs=TOLERANCE)
+    assert all(len(r.json()["data"][0]["embedding"]) > 0 for r in replies[-len(embedded) :])
+
+
+async def test_tokenize_and_decode_with_the_models_tokenizer(client: httpx.AsyncClient) -> None:
+    text = "The zebra reads"
+    answer = await client.post("/tokenize", json={"model": "sentiment", "inputs": text})
+    assert answer.status_code == 200, answer.text
+    (tokens,) = answer.json()
+    own = tokenizer()
+    own.no_padding()
+    encoded = own.encode(text)
+    assert [t["id"] for t in tokens] == encoded.ids
+    assert tokens[0] == {"id": encoded.ids[0], "text": "[CLS]", "special": True}
+    assert tokens[1] == {
+        "id": encoded.ids[1],
+        "text": "The",
+        "special": False,
+        "start": 0,
+        "stop": 3,
+    }
+    decoded = await client.post("/decode", json={"model": "sentiment", "ids": encoded.ids})
+    assert decoded.json() == [own.decode(encoded.ids)]
+    plain = await client.post(
+        "/tokenize", json={"model": "sentiment", "inputs": [text], "add_special_tokens": False}
+    )
+    assert [t["id"] for t in plain.json()[0]] == own.encode(text, add_special_tokens=False).ids
+
+
+LONG = " ".join(["bucket"] * (MAX_POSITIONS + 10))
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "says"),
+    [
+        ("/v1/rerank", {"query": QUERY, "documents": []}, 400, "documents"),
+        ("/v1/rerank", {"query": "", "documents": ["a"]}, 400, "query"),
+        ("/v1/rerank", {"query": QUERY, "documents": ["a"] * 65}, 422, "too many sequences: 65"),
+        ("/v1/rerank", {"query": QUERY, "documents": ["a", "b"], "top_n": 3}, 422, "top_n 3 is"),
+        ("/rerank", {"query": QUERY, "texts": ["a", LONG]}, 422, "text 1: longer than the model"),
+        ("/v1/rerank", {"model": "sentiment", "query": QUERY, "documents": ["a"]}, 400,
+         "does not rerank: its [classifier] names no rerank_label (it serves predict, classify, "
+         "tokenize)"),
+        ("/classify", {"model": "embedder", "inputs": "a"}, 400, "does not classify"),
+        ("/classify", {"model": "sentiment", "inputs": [["a"], ["b", "c"]]}, 422, "not both"),
+        ("/decode", {"model": "sentiment", "ids": [1, 10**6]}, 422, "is not a token id"),
+    ],
+    ids=["no-documents", "empty-query", "too-many", "top-n", "too-long", "not-a-reranker",
+         "not-a-classifier", "mixed", "foreign-id"],
+)  # fmt: skip
+async def test_bad_input_is_refused_in_the_routes_form(
+    client: httpx.AsyncClient, path: str, body: dict[str, Any], status: int, says: str
+) -> None:
+    answer = await client.post(path, json=body)
+    assert answer.status_code == status, answer.text
+    assert says in answer.json()["error"]["message"]
+
+
+async def test_a_long_pair_is_cut_when_truncate_is_asked(
+    client: httpx.AsyncClient, repository: Repository
+) -> None:
+    """Cut to the model's length, the longer text first, as transformers' truncation=True."""
+    answer = await client.post(
+        "/rerank", json={"query": QUERY, "texts": [LONG], "truncate": True, "raw_scores": True}
+    )
+    assert answer.status_code == 200, answer.text
+    (only,) = answer.json()
+    want = repository.reranker.logits(QUERY, LONG)[0]
+    assert math.isclose(only["score"], float(want), abs_tol=TOLERANCE)
+
+
+async def test_the_config_route_and_models_list_say_the_tasks(
+    client: httpx.AsyncClient,
+) -> None:
+    listed = (await client.get("/v1/models")).json()["data"]
+    tasks = {card["id"]: card["tasks"] for card in listed}
+    assert tasks == {
+        "embedder": ["predict", "embed", "tokenize"],
+        "reranker": ["predict", "classify", "rerank", "tokenize"],
+        "sentiment": ["predict", "classify", "tokenize"],
+    }
+    for name, served in tasks.items():
+        config = (await client.get(f"/v2/models/{name}/config")).json()
+        assert config["tasks"] == served
