@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import cohere
 import httpx
 import pytest
 
@@ -125,6 +126,22 @@ async def test_cohere_and_jina_rerank(
     for r in reply["results"]:
         assert r["relevance_score"] == pytest.approx(scores[r["index"]], abs=TOLERANCE)
         assert r["document"] == {"text": docs[r["index"]]}
+
+
+async def test_coheres_sdk_reranks_unchanged(
+    client: httpx.AsyncClient, repository: Repository
+) -> None:
+    """Cohere's Python SDK, both its clients, pointed at the server with nothing changed."""
+    docs = documents(8, seed=5)
+    scores = [repository.reranker.cross_encoder_score(QUERY, d) for d in docs]
+    best = sorted(range(len(docs)), key=lambda i: -scores[i])[:3]
+    v1 = cohere.AsyncClient(api_key="unused", base_url="http://test", httpx_client=client)
+    v2 = cohere.AsyncClientV2(api_key="unused", base_url="http://test", httpx_client=client)
+    for sdk in (v1, v2):
+        reply = await sdk.rerank(model="reranker", query=QUERY, documents=docs, top_n=3)
+        assert [r.index for r in reply.results] == best
+        for r in reply.results:
+            assert r.relevance_score == pytest.approx(scores[r.index], abs=TOLERANCE)
 
 
 async def test_classify_a_text_a_pair_and_a_batch(

@@ -89,6 +89,8 @@ class RerankBody(Strict):
     rank_fields: list[StrictStr] | None = Field(None, description="accepted and ignored")
     max_chunks_per_doc: Integer | None = Field(None, description="accepted and ignored")
     max_tokens_per_doc: Integer | None = Field(None, description="accepted and ignored")
+    relevant_spans: dict[str, Any] | None = Field(None, description="accepted and ignored")
+    priority: Integer | None = Field(None, description="accepted and ignored")
 
 
 Item = Text | Annotated[list[Text], Field(min_length=1, max_length=2)]
