@@ -4,6 +4,7 @@ prescribes, computed here from the export's own graph run alone."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 import subprocess
@@ -92,7 +93,7 @@ def test_the_config_it_writes(tmp_path: Path) -> None:
     }
     assert config["inputs"]["input_ids"]["vocab_size"] > 100
     assert config["tokenizer"]["max_length"] == MAX_SEQ_LENGTH  # sentence_bert_config's
-    assert config["batching"]["buckets"] == [16, 24, 32, 48, 64]
+    assert config["batching"]["buckets"] == [16, 24, 32, 40, 48, 56, 64]
     assert config["embedding"] == {
         "output": "last_hidden_state",
         "pooling": "mean",
@@ -170,11 +171,14 @@ def test_the_command_prints_what_it_wrote_and_the_verdict(tmp_path: Path) -> Non
 
 
 def test_edges_reach_the_longest_length() -> None:
-    assert bucket_edges(64) == [16, 24, 32, 48, 64]
-    assert bucket_edges(256)[-3:] == [128, 192, 256]
+    assert bucket_edges(64) == [16, 24, 32, 40, 48, 56, 64]
+    assert bucket_edges(256)[-5:] == [128, 160, 192, 224, 256]
     assert bucket_edges(200)[-2:] == [192, 200]
     assert bucket_edges(8) == [8]
-    assert bucket_edges(512) == [16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512]
+    ladder = bucket_edges(512)
+    assert ladder[:8] == [16, 24, 32, 40, 48, 56, 64, 80]
+    assert ladder[-3:] == [384, 448, 512]
+    assert all(1.125 <= b / a <= 1.25 for a, b in itertools.pairwise(ladder[6:]))
 
 
 # -- the full tier: all-MiniLM-L6-v2's own folder, exported here as optimum exports it --------
