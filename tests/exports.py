@@ -50,6 +50,7 @@ def tokenizer() -> Tokenizer:
         special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])],
     )
     tok.decoder = decoders.WordPiece()
+    tok.add_special_tokens(SPECIALS)  # (as BERT's tokenizer.json lists them: special)
     tok.enable_padding(pad_id=0, pad_token="[PAD]", length=128)
     tok.enable_truncation(128)
     return tok

@@ -41,9 +41,29 @@ def write_classifier(
     model it was exported from is returned (the reference)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
-    from transformers import BertConfig, BertForSequenceClassification
+    from transformers import BertForSequenceClassification
 
     torch.manual_seed(seed)
+    config = _bert_config(
+        num_labels=len(labels),
+        id2label=dict(enumerate(labels)),
+        label2id={label: i for i, label in enumerate(labels)},
+        problem_type=problem_type,
+    )
+    model = BertForSequenceClassification(config).eval()
+    _export(model, folder, {"logits": {0: "batch_size"}})
+    model.config.architectures = [type(model).__name__]  # (as save_pretrained sets it)
+    model.config.save_pretrained(folder)
+    if cross_encoder:
+        written = json.loads((folder / "config.json").read_text())
+        written["sentence_transformers"] = CROSS_ENCODER
+        (folder / "config.json").write_text(json.dumps(written, indent=2))
+    return model
+
+
+def _bert_config(**extra: Any) -> Any:
+    from transformers import BertConfig
+
     config = BertConfig(
         vocab_size=len(vocabulary()),
         hidden_size=32,
@@ -51,19 +71,20 @@ def write_classifier(
         num_attention_heads=4,
         intermediate_size=64,
         max_position_embeddings=MAX_POSITIONS,
-        num_labels=len(labels),
-        id2label=dict(enumerate(labels)),
-        label2id={label: i for i, label in enumerate(labels)},
-        problem_type=problem_type,
-        initializer_range=0.3,  # (scores well apart: 0.02's are all near one value)
+        initializer_range=0.3,  # (outputs well apart: 0.02's are all near one value)
+        **extra,
     )
     config._attn_implementation = "eager"
-    model = BertForSequenceClassification(config).eval()
-    # (the example mask holds padding: with all ones transformers skips the mask in the trace)
+    return config
+
+
+def _export(model: Any, folder: Path, outputs: dict[str, dict[int, str]]) -> None:
+    """`model` (ids, mask, token types -> `outputs`) exported as optimum exports it."""
+    import torch
+
     ids = torch.randint(5, len(vocabulary()), (2, 12))
     mask = torch.ones_like(ids)
-    mask[1, 7:] = 0
-    example = (ids, mask, torch.zeros_like(ids))
+    mask[1, 7:] = 0  # (padding in the example: with all ones the trace drops the mask)
     axes = {0: "batch_size", 1: "sequence_length"}
     folder.mkdir(parents=True)
     with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
@@ -71,27 +92,56 @@ def write_classifier(
         exported = Path(tmp) / "model.onnx"
         torch.onnx.export(
             model,
-            example,
+            (ids, mask, torch.zeros_like(ids)),
             str(exported),
             dynamo=False,
             opset_version=17,
             input_names=["input_ids", "attention_mask", "token_type_ids"],
-            output_names=["logits"],
-            dynamic_axes={
-                "input_ids": axes,
-                "attention_mask": axes,
-                "token_type_ids": axes,
-                "logits": {0: "batch_size"},
-            },
+            output_names=list(outputs),
+            dynamic_axes={n: axes for n in ("input_ids", "attention_mask", "token_type_ids")}
+            | outputs,
         )
         save_model(onnx.load(str(exported)), folder / "model.onnx")
-    model.config.architectures = [type(model).__name__]  # (as save_pretrained sets it)
-    model.config.save_pretrained(folder)
-    if cross_encoder:
-        written = json.loads((folder / "config.json").read_text())
-        written["sentence_transformers"] = CROSS_ENCODER
-        (folder / "config.json").write_text(json.dumps(written, indent=2))
     tokenizer().save(str(folder / "tokenizer.json"))
+
+
+def write_masked_lm(folder: Path, seed: int = 0) -> Any:
+    """A SPLADE-shaped export: BERT's masked-LM head, logits over the vocabulary per token."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+    from transformers import BertForMaskedLM
+
+    torch.manual_seed(seed)
+    model = BertForMaskedLM(_bert_config()).eval()
+    _export(model, folder, {"logits": {0: "batch_size", 1: "sequence_length"}})
+    model.config.architectures = [type(model).__name__]
+    model.config.save_pretrained(folder)
+    return model
+
+
+def write_colbert(folder: Path, width: int = 16, seed: int = 0) -> Any:
+    """A ColBERT-shaped export: BERT's per-token states through a linear projection to
+    `width`, one vector per token (the server normalises them, as ColBERT does)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+    from transformers import BertModel
+
+    torch.manual_seed(seed)
+    bert = BertModel(_bert_config(), add_pooling_layer=False).eval()
+
+    class Projected(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bert, self.linear = bert, torch.nn.Linear(32, width, bias=False)
+
+        def forward(self, input_ids: Any, attention_mask: Any, token_type_ids: Any) -> Any:
+            states = self.bert(input_ids, attention_mask, token_type_ids).last_hidden_state
+            return self.linear(states)
+
+    model = Projected().eval()
+    _export(model, folder, {"token_vectors": {0: "batch_size", 1: "sequence_length"}})
+    bert.config.architectures = ["BertModel"]
+    bert.config.save_pretrained(folder)
     return model
 
 

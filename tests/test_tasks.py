@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import shutil
 import tomllib
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -13,16 +14,42 @@ from typing import Any
 
 import cohere
 import httpx
+import numpy as np
 import pytest
+import torch
 
+from bucketserve.core.sparse import SparsePooling, SparseRule
 from bucketserve.loading import load_engine
 from bucketserve.loading.importer import import_model
 from bucketserve.settings import Settings
-from tests.exports import texts, tokenizer, write_export
+from tests.exports import SPECIALS, texts, tokenizer, vocabulary, write_export
 from tests.helpers import serving
-from tests.task_exports import MAX_POSITIONS, Reference, write_classifier
+from tests.task_exports import (
+    MAX_POSITIONS,
+    Reference,
+    write_classifier,
+    write_colbert,
+    write_masked_lm,
+)
 
 SENTIMENT = ["negative", "neutral", "positive"]
+COLBERT_CONFIG = """
+[inputs.input_ids]
+role = "tokens"
+vocab_size = 157
+[inputs.attention_mask]
+role = "mask"
+[inputs.token_type_ids]
+role = "token_types"
+[outputs.token_vectors]
+[multi_vector]
+output = "token_vectors"
+normalize = true
+[batching]
+buckets = [16, 32, 64, 128]
+[tokenizer]
+max_length = 128
+"""
 QUERY = "what is a bucket"
 TOLERANCE = 1e-5
 
@@ -44,10 +71,15 @@ class Repository:
             )
         )
         write_export(exports / "embedder")
+        self.splade = write_masked_lm(exports / "splade", seed=5)
+        self.colbert = write_colbert(exports / "colbert", seed=6)
         self.configs = {
             name: import_model(exports / name, self.models, name).config
-            for name in ("reranker", "sentiment", "embedder")
+            for name in ("reranker", "sentiment", "embedder", "splade")
         }
+        # ColBERT's export names no task import knows: its config written as a user would
+        shutil.copytree(exports / "colbert", self.models / "colbert" / "1")
+        (self.models / "colbert" / "config.toml").write_text(COLBERT_CONFIG)
 
 
 @pytest.fixture(scope="module")
@@ -201,6 +233,60 @@ async def test_rerank_and_classify_beside_embeddings_under_concurrent_traffic(
     assert all(len(r.json()["data"][0]["embedding"]) > 0 for r in replies[-len(embedded) :])
 
 
+def encoded(text: str) -> dict[str, torch.Tensor]:
+    """One text as the export's tokenizer makes it, as torch tensors."""
+    own = tokenizer()
+    own.no_padding()
+    own.enable_truncation(MAX_POSITIONS)
+    e = own.encode(text)
+    return {
+        "input_ids": torch.tensor([e.ids]),
+        "attention_mask": torch.tensor([e.attention_mask]),
+        "token_type_ids": torch.tensor([e.type_ids]),
+    }
+
+
+async def test_sparse_weights_pool_the_masked_lm_as_splade(
+    client: httpx.AsyncClient, repository: Repository
+) -> None:
+    """Each text's weights: the masked-LM's logits (transformers') pooled here, the max of
+    log(1 + relu) over its tokens, the special tokens' entries dropped; and the top 5."""
+    assert "[sparse]" in repository.configs["splade"]
+    batch = texts(8, seed=6)
+    answer = await client.post("/embed_sparse", json={"model": "splade", "inputs": batch})
+    assert answer.status_code == 200, answer.text
+    top = await client.post("/embed_sparse", json={"inputs": batch[0], "top_k": 5})
+    special = [vocabulary()[t] for t in SPECIALS]
+    for text, weights in zip(batch, answer.json(), strict=True):
+        with torch.no_grad():
+            logits = repository.splade(**encoded(text)).logits[0]
+        want = torch.log1p(torch.relu(logits)).max(dim=0).values.numpy()
+        want[special] = 0
+        assert [w["index"] for w in weights] == np.flatnonzero(want > 0).tolist()
+        got = np.array([w["value"] for w in weights])
+        np.testing.assert_allclose(got, want[want > 0], atol=TOLERANCE, rtol=TOLERANCE)
+    (five,) = top.json()
+    largest = sorted(answer.json()[0], key=lambda w: -w["value"])[:5]
+    assert five == sorted(largest, key=lambda w: w["index"])
+
+
+async def test_embed_all_gives_one_vector_per_token(
+    client: httpx.AsyncClient, repository: Repository
+) -> None:
+    """ColBERT-shaped: each token's projection, normalised; an embedder's per-token states as
+    they are, cut to the text's own tokens."""
+    batch = texts(6, seed=7)
+    answer = await client.post("/embed_all", json={"model": "colbert", "inputs": batch})
+    assert answer.status_code == 200, answer.text
+    for text, vectors in zip(batch, answer.json(), strict=True):
+        with torch.no_grad():
+            want = torch.nn.functional.normalize(repository.colbert(**encoded(text))[0], dim=-1)
+        np.testing.assert_allclose(np.array(vectors), want.numpy(), atol=TOLERANCE)
+    states = await client.post("/embed_all", json={"model": "embedder", "inputs": "the cat"})
+    (one,) = states.json()
+    assert np.array(one).shape == (len(encoded("the cat")["input_ids"][0]), 32)
+
+
 async def test_tokenize_and_decode_with_the_models_tokenizer(client: httpx.AsyncClient) -> None:
     text = "The zebra reads"
     answer = await client.post("/tokenize", json={"model": "sentiment", "inputs": text})
@@ -274,10 +360,25 @@ async def test_the_config_route_and_models_list_say_the_tasks(
     listed = (await client.get("/v1/models")).json()["data"]
     tasks = {card["id"]: card["tasks"] for card in listed}
     assert tasks == {
-        "embedder": ["predict", "embed", "tokenize"],
+        "colbert": ["predict", "embed_all", "tokenize"],
+        "embedder": ["predict", "embed", "embed_all", "tokenize"],
         "reranker": ["predict", "classify", "rerank", "tokenize"],
         "sentiment": ["predict", "classify", "tokenize"],
+        "splade": ["predict", "embed_sparse", "tokenize"],
     }
     for name, served in tasks.items():
         config = (await client.get(f"/v2/models/{name}/config")).json()
         assert config["tasks"] == served
+
+
+def test_token_weights_keep_each_token_ids_largest_weight() -> None:
+    """BGE-M3's sparse head: relu of each token's weight, the largest per id, special ids
+    (here 0 and 2) and non-positive weights dropped; `top_k` keeps the largest, by index."""
+    rule = SparseRule("weights", SparsePooling.TOKEN_WEIGHTS, special_ids=(0, 2))
+    ids = np.array([2, 7, 5, 7, 9, 4, 0])
+    weights = np.array([[0.9], [0.3], [-0.2], [0.8], [0.1], [0.4], [0.5]], np.float32)
+    indices, values = rule.weights(weights, ids)
+    assert indices.tolist() == [4, 7, 9]
+    np.testing.assert_allclose(values, [0.4, 0.8, 0.1])
+    indices, values = rule.weights(weights, ids, top_k=2)
+    assert indices.tolist() == [4, 7]

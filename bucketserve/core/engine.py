@@ -219,7 +219,7 @@ class Engine:
         outputs = await scheduler.infer(sequences, self.deadline(call.timeout_ms), call.request_id)
         chosen = [{name: out[name] for name in wanted} for out in outputs]
         if head is not None:
-            chosen = [head.answer(model, out) for out in chosen]
+            chosen = [head.answer(model, o, s) for o, s in zip(chosen, sequences, strict=True)]
         return Answer(model, chosen, [len(s) for s in sequences])
 
 

@@ -6,7 +6,9 @@ outputs, already cut to the sequence's own length. Imports the model and its emb
 
 `Embed`: pooling, normalising and cutting to `dimensions`, by the model's `[embedding]` rule.
 `Classify`: each label's score, by the model's `[classifier]` rule. `Rerank`: a (query,
-document) pair's relevance, by the same rule's rerank label.
+document) pair's relevance, by the same rule's rerank label. `Sparse`: a text's weight for
+each vocabulary entry it touches, by the `[sparse]` rule. `EmbedAll`: one vector per token,
+by the `[multi_vector]` rule (or the embedding's per-token output, as it is).
 """
 
 from __future__ import annotations
@@ -18,13 +20,16 @@ import numpy as np
 
 from bucketserve.core.classifier import Classifier
 from bucketserve.core.embedding import Embedding
-from bucketserve.core.layout import Outputs
+from bucketserve.core.layout import Outputs, token_ids
 from bucketserve.core.model import Model
+from bucketserve.core.sparse import MultiVector, SparseRule
 from bucketserve.errors import TaskNotServed
 
 EMBEDDING = "embedding"  # the name of what `Embed` answers for each sequence
 SCORES = "scores"  # what `Classify` answers: a score for each label, in the labels' order
 RELEVANCE = "relevance"  # what `Rerank` answers: a pair's relevance, one number
+INDICES, VALUES = "indices", "values"  # what `Sparse` answers: the entries, and their weights
+VECTORS = "vectors"  # what `EmbedAll` answers: [T, width]
 
 
 class Head(Protocol):
@@ -32,8 +37,9 @@ class Head(Protocol):
         """The model outputs this head reads, or InvalidInput when the model cannot do the
         task (with the request's field at fault)."""
 
-    def answer(self, model: Model, outputs: Outputs) -> Outputs:
-        """One sequence's answer from its outputs (those `outputs` named)."""
+    def answer(self, model: Model, outputs: Outputs, sequence: np.ndarray) -> Outputs:
+        """One sequence's answer from its outputs (those `outputs` named) and its steps (the
+        token ids a sparse vector is indexed by)."""
 
 
 @dataclass(frozen=True)
@@ -47,7 +53,7 @@ class Embed:
         rule.check_dimensions(self.dimensions)
         return (rule.output,)
 
-    def answer(self, model: Model, outputs: Outputs) -> Outputs:
+    def answer(self, model: Model, outputs: Outputs, sequence: np.ndarray) -> Outputs:
         rule = embedding_rule(model)
         return {EMBEDDING: rule.vector(outputs[rule.output], self.dimensions)}
 
@@ -71,7 +77,7 @@ class Classify:
     def outputs(self, model: Model) -> tuple[str, ...]:
         return (classifier_rule(model).output,)
 
-    def answer(self, model: Model, outputs: Outputs) -> Outputs:
+    def answer(self, model: Model, outputs: Outputs, sequence: np.ndarray) -> Outputs:
         rule = classifier_rule(model)
         return {SCORES: rule.scores(outputs[rule.output], self.raw)}
 
@@ -92,7 +98,7 @@ class Rerank:
             )
         return (rule.output,)
 
-    def answer(self, model: Model, outputs: Outputs) -> Outputs:
+    def answer(self, model: Model, outputs: Outputs, sequence: np.ndarray) -> Outputs:
         rule = classifier_rule(model)
         return {RELEVANCE: np.asarray(rule.relevance(outputs[rule.output], self.raw), np.float32)}
 
@@ -105,3 +111,50 @@ def classifier_rule(model: Model) -> Classifier:
             param="model",
         )
     return model.info.classifier
+
+
+@dataclass(frozen=True)
+class Sparse:
+    """A text's sparse weights, by the model's `[sparse]` rule; `top_k`: only the largest."""
+
+    top_k: int | None = None
+
+    def outputs(self, model: Model) -> tuple[str, ...]:
+        return (sparse_rule(model).output,)
+
+    def answer(self, model: Model, outputs: Outputs, sequence: np.ndarray) -> Outputs:
+        rule = sparse_rule(model)
+        indices, values = rule.weights(outputs[rule.output], token_ids(sequence), self.top_k)
+        return {INDICES: indices, VALUES: values}
+
+
+@dataclass(frozen=True)
+class EmbedAll:
+    """One vector per token of a text."""
+
+    def outputs(self, model: Model) -> tuple[str, ...]:
+        return (multi_vector_rule(model).output,)
+
+    def answer(self, model: Model, outputs: Outputs, sequence: np.ndarray) -> Outputs:
+        rule = multi_vector_rule(model)
+        return {VECTORS: rule.vectors(outputs[rule.output])}
+
+
+def sparse_rule(model: Model) -> SparseRule:
+    if model.info.sparse is None:
+        raise TaskNotServed(
+            f"model {model.name} does not give sparse weights: its config has no [sparse] (it "
+            f"serves {', '.join(model.info.tasks)})",
+            param="model",
+        )
+    return model.info.sparse
+
+
+def multi_vector_rule(model: Model) -> MultiVector:
+    if model.info.multi_vector is None:
+        raise TaskNotServed(
+            f"model {model.name} gives no vector per token: its config has no [multi_vector] "
+            f"nor a per-token [embedding] (it serves {', '.join(model.info.tasks)})",
+            param="model",
+        )
+    return model.info.multi_vector

@@ -19,6 +19,7 @@ from bucketserve.core.bucketing import BucketKey, BucketPlan, Invariance, round_
 from bucketserve.core.classifier import Classifier
 from bucketserve.core.embedding import Embedding
 from bucketserve.core.layout import Layout, Outputs, segmented
+from bucketserve.core.sparse import MultiVector, SparseRule
 from bucketserve.errors import InvalidInput
 
 if TYPE_CHECKING:
@@ -164,14 +165,19 @@ class ModelInfo:
     served_config: Mapping[str, Any]  # the config route's body: the config as served
     embedding: Embedding | None = None  # which output is its embedding, if it embeds
     classifier: Classifier | None = None  # which output holds its labels' logits, if any
+    sparse: SparseRule | None = None  # how its outputs become sparse weights, if they do
+    multi_vector: MultiVector | None = None  # which output is one vector per token, if any
     tokenizes: bool = False  # whether it takes text (its config names a tokenizer)
 
     @property
     def tasks(self) -> list[str]:
-        """What the model serves beside its outputs: embed, classify, rerank, tokenize."""
+        """What the model serves beside its outputs: embed, embed_all, embed_sparse, classify,
+        rerank, tokenize."""
         reranks = self.classifier is not None and self.classifier.rerank_label is not None
         served = {
             "embed": self.embedding is not None,
+            "embed_all": self.multi_vector is not None,
+            "embed_sparse": self.sparse is not None,
             "classify": self.classifier is not None,
             "rerank": reranks,
             "tokenize": self.tokenizes,

@@ -29,7 +29,14 @@ from bucketserve.core.model import Model, ModelInfo, SequenceRules
 from bucketserve.errors import ConfigError, brief
 from bucketserve.loading.batch_free import freed_spec
 from bucketserve.loading.check import Run, measure, thread_difference
-from bucketserve.loading.layouts import Served, classifier_of, embedding_of, layout_of
+from bucketserve.loading.layouts import (
+    Served,
+    classifier_of,
+    embedding_of,
+    layout_of,
+    multi_vector_of,
+    sparse_of,
+)
 from bucketserve.loading.mask_way import mask_of, mask_way, reads_input
 from bucketserve.loading.pad_safe import pad_safe_spec
 from bucketserve.loading.report import log_speed, log_verdict, pad_safe_report, served_config
@@ -63,6 +70,17 @@ def load_tokenizer(path: Path, max_length: int) -> Tokenizer:
     tokenizer.no_padding()
     tokenizer.enable_truncation(max_length)
     return tokenizer
+
+
+def special_ids(tokenizer: Tokenizer | None, pad_id: int) -> tuple[int, ...]:
+    """The vocabulary entries a sparse vector never answers: the tokenizer's special tokens
+    (those it adds as special, and those its post-processor frames a text with) and the pad."""
+    if tokenizer is None:
+        return (pad_id,)
+    added = [i for i, token in tokenizer.get_added_tokens_decoder().items() if token.special]
+    framed = tokenizer.encode("")
+    marked = [i for i, m in zip(framed.ids, framed.special_tokens_mask, strict=True) if m]
+    return tuple(sorted({*added, *marked, pad_id}))
 
 
 def build_model(
@@ -111,6 +129,7 @@ def build_model(
     invariance, failures, checked_s = checked.invariance, checked.failures, checked.seconds
     embedding = embedding_of(spec, layout)
     classifier = classifier_of(spec, layout)
+    multi_vector = multi_vector_of(spec, layout, embedding)
     policy = invariance.policy if batching.policy == "auto" else Policy(batching.policy)
     if served.single is not None:  # no config makes a model batch that cannot
         policy = Policy.SINGLE
@@ -141,6 +160,8 @@ def build_model(
         if spec.tokenizer_path is not None and config.tokenizer is not None
         else None
     )
+    pad_id = int(config.inputs[config.sequence_input].pad_value)
+    sparse = sparse_of(spec, layout, special_ids(tokenizer, pad_id))
     described = served_config(  # (the providers in use: the load session's are the same)
         spec,
         layout,
@@ -174,6 +195,8 @@ def build_model(
         served_config=described,
         embedding=embedding,
         classifier=classifier,
+        sparse=sparse,
+        multi_vector=multi_vector,
         tokenizes=tokenizer is not None,
     )
     described["tasks"] = info.tasks  # (the same mapping the config route serves)

@@ -229,6 +229,26 @@ class ClassifierConfig(_Strict):
     )
 
 
+class SparseConfig(_Strict):
+    """Which per-token output gives sparse weights, for /embed_sparse: SPLADE's masked-LM
+    logits [T, vocabulary], or a weight per token (BGE-M3's sparse head, [T] or [T, 1])."""
+
+    output: str = Field(description="the per-token output")
+    pooling: Literal["splade", "token_weights"] = Field(
+        default="splade",
+        description="splade: the largest log(1 + relu(logit)) of each vocabulary entry over "
+        "the tokens; token_weights: each token id's largest relu(weight)",
+    )
+
+
+class MultiVectorConfig(_Strict):
+    """Which per-token output is one vector per token, for /embed_all (ColBERT's projection);
+    without this section a per-token [embedding] output is served as it is."""
+
+    output: str = Field(description="the per-token output")
+    normalize: bool = Field(default=False, description="L2-normalise each token's vector")
+
+
 class VersionPolicy(_Strict):
     """Which version folders are served at once (Triton's version policy); one of the three."""
 
@@ -258,6 +278,8 @@ class ModelConfig(_Strict):
     tokenizer: TokenizerConfig | None = None
     embedding: EmbeddingConfig | None = None
     classifier: ClassifierConfig | None = None
+    sparse: SparseConfig | None = None
+    multi_vector: MultiVectorConfig | None = None
     build: str | None = Field(
         default=None, description="`bucketserve models build` recipe that makes this model's files"
     )
@@ -288,7 +310,13 @@ class ModelConfig(_Strict):
             raise ValueError("a tokenizer needs a 'tokens' input")
         if self.version is not None and self.version_policy is not None:
             raise ValueError("give version or version_policy, not both")
-        for section, head in (("embedding", self.embedding), ("classifier", self.classifier)):
+        heads = {
+            "embedding": self.embedding,
+            "classifier": self.classifier,
+            "sparse": self.sparse,
+            "multi_vector": self.multi_vector,
+        }
+        for section, head in heads.items():
             if head is not None and head.output not in self.outputs:
                 raise ValueError(
                     f"{section}.output {head.output!r} is not one of the outputs "

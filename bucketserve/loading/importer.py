@@ -11,7 +11,8 @@ states pooled as `1_Pooling` says and normalised when the module list has `Norma
 sequence classifier (`architectures` ending in ForSequenceClassification, a `logits` output)
 gets a classifier instead: its labels from `id2label`, its activation from `problem_type`
 (or a sentence-transformers CrossEncoder's `activation_fn`), and, with one label (a
-cross-encoder), the rerank task.
+cross-encoder), the rerank task. A masked-LM export (`ForMaskedLM`, a `logits` output over
+the vocabulary: SPLADE) gets sparse weights.
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ class Export:
     embedding: dict[str, Any] | None
     notes: list[str]  # what the folder left out, said to the user
     classifier: dict[str, Any] | None = None
+    sparse: bool = False  # a masked-LM's logits, pooled as SPLADE pools them
 
 
 def _json(path: Path, kind: type[dict[str, Any]] | type[list[Any]] = dict) -> Any:
@@ -114,6 +116,7 @@ def read_export(folder: Path) -> Export:
     notes: list[str] = []
     outputs = [o.name for o in graph.graph.output]
     classifier = _classifier(model_config, outputs)
+    sparse = "logits" in outputs and _is(model_config, "ForMaskedLM")
     return Export(
         onnx_path,
         _external_files(graph, onnx_path.parent),
@@ -123,10 +126,16 @@ def read_export(folder: Path) -> Export:
         vocab_size,
         int(model_config.get("pad_token_id") or 0),  # (RoBERTa's is 1)
         _max_length(folder, model_config),
-        None if classifier else _embedding(folder, outputs, notes),
+        None if classifier or sparse else _embedding(folder, outputs, notes),
         notes,
         classifier,
+        sparse,
     )
+
+
+def _is(model_config: dict[str, Any], kind: str) -> bool:
+    """Whether config.json's `architectures` name a model of `kind` (ForSequenceClassification)."""
+    return any(str(a).endswith(kind) for a in model_config.get("architectures") or [])
 
 
 ACTIVATIONS = {  # a CrossEncoder's activation_fn, and transformers' problem_type
@@ -141,10 +150,7 @@ ACTIVATIONS = {  # a CrossEncoder's activation_fn, and transformers' problem_typ
 
 def _classifier(model_config: dict[str, Any], outputs: list[str]) -> dict[str, Any] | None:
     """The classifier a sequence classification export is, or None for any other."""
-    architectures = [str(a) for a in model_config.get("architectures") or []]
-    if "logits" not in outputs or not any(
-        a.endswith("ForSequenceClassification") for a in architectures
-    ):
+    if "logits" not in outputs or not _is(model_config, "ForSequenceClassification"):
         return None
     id2label = model_config.get("id2label") or {}
     count = len(id2label) or int(model_config.get("num_labels") or 2)
@@ -257,6 +263,8 @@ def config_text(export: Export, source: Path) -> str:
         lines += [f'activation = "{rule["activation"]}"'] if "activation" in rule else []
         lines += [f"rerank_label = {rule['rerank_label']}"] if "rerank_label" in rule else []
         lines.append("")
+    if export.sparse:
+        lines += ["[sparse]", 'output = "logits"', 'pooling = "splade"', ""]
     lines += [
         "[batching]",
         f"buckets = {edges}",

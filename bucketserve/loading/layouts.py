@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 from bucketserve.core.classifier import Activation, Classifier
 from bucketserve.core.embedding import Embedding, Pooling
-from bucketserve.core.layout import Input, InputRole, Layout, Tensor
+from bucketserve.core.layout import SAME_STEPS, Input, InputRole, Layout, Tensor
 from bucketserve.core.model import SequenceRules
+from bucketserve.core.sparse import MultiVector, SparsePooling, SparseRule
 from bucketserve.errors import ConfigError
 from bucketserve.loading.axes import Axes
 from bucketserve.loading.check import Run
@@ -169,3 +170,55 @@ def classifier_of(spec: ModelSpec, layout: Layout) -> Classifier | None:
     if spec.config.tokenizer is None:
         raise field("classifier", "a classifier reads texts: name the model's [tokenizer]")
     return Classifier(config.output, tuple(labels), activation, config.rerank_label)
+
+
+def _per_token_row(spec: ModelSpec, layout: Layout, section: str, output: str) -> int | None:
+    """The width of a per-token output's row (None: no row dim), or ConfigError."""
+    tensor = layout.output(output)
+    row = [d for i, d in enumerate(tensor.dims) if i not in (tensor.batch_axis, tensor.time_axis)]
+    if not tensor.per_step or len(row) > 1 or tensor.steps != SAME_STEPS:
+        shape = ["T" if i == tensor.time_axis else d for i, d in enumerate(tensor.dims)]
+        raise ConfigError.at(
+            spec.onnx_path,
+            f"{section}.output",
+            f"output {output} is {shape} per batch: this reads one row per input token",
+        )
+    return row[0] if row else None
+
+
+def sparse_of(spec: ModelSpec, layout: Layout, special_ids: tuple[int, ...]) -> SparseRule | None:
+    """The config's `[sparse]`, checked against its output: SPLADE reads logits as wide as
+    the vocabulary, token weights one number per token."""
+    config = spec.config.sparse
+    if config is None:
+        return None
+    width = _per_token_row(spec, layout, "sparse", config.output)
+    pooling = SparsePooling(config.pooling)
+    vocab = spec.config.inputs[spec.config.sequence_input].vocab_size
+    if pooling is SparsePooling.SPLADE and width != vocab:
+        raise ConfigError.at(
+            spec.onnx_path,
+            "sparse.output",
+            f"splade reads logits over the vocabulary ({vocab}); output {config.output} has "
+            f"{width} per token",
+        )
+    if pooling is SparsePooling.TOKEN_WEIGHTS and width not in (None, 1):
+        raise ConfigError.at(
+            spec.onnx_path,
+            "sparse.output",
+            f"token_weights reads one weight per token; output {config.output} has {width}",
+        )
+    return SparseRule(config.output, pooling, special_ids)
+
+
+def multi_vector_of(
+    spec: ModelSpec, layout: Layout, embedding: Embedding | None
+) -> MultiVector | None:
+    """The config's `[multi_vector]`, checked; else a per-token embedding output as it is."""
+    config = spec.config.multi_vector
+    if config is not None:
+        _per_token_row(spec, layout, "multi_vector", config.output)
+        return MultiVector(config.output, config.normalize)
+    if embedding is not None and embedding.pooling is not Pooling.NONE:
+        return MultiVector(embedding.output, normalize=False)
+    return None

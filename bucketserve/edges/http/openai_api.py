@@ -233,7 +233,8 @@ async def embeddings(request: Request) -> Response:
     )
 
 
-RETRIEVAL = ("embed", "rerank", "classify")  # the tasks a model is listed here for
+# the tasks a model is listed here for: every one a retrieval pipeline calls
+RETRIEVAL = ("embed", "embed_all", "embed_sparse", "rerank", "classify")
 
 
 def card(model: Model) -> dict[str, Any]:
@@ -247,7 +248,9 @@ def card(model: Model) -> dict[str, Any]:
 
 
 @router.get(
-    "/models", response_model=ModelList, summary="The models that embed, rerank or classify"
+    "/models",
+    response_model=ModelList,
+    summary="The models that embed, rerank or classify (their tasks listed)",
 )
 async def models(request: Request) -> Response:
     served = engine_of(request).registry.models
@@ -265,7 +268,7 @@ async def model(request: Request, name: str) -> Response:
     found = engine_of(request).model(name)
     if not set(RETRIEVAL) & set(found.info.tasks):
         raise TaskNotServed(
-            f"model {name} does not embed, rerank or classify (it serves "
+            f"model {name} serves none of {', '.join(RETRIEVAL)} (it serves "
             f"{', '.join(found.info.tasks)})",
             param="model",
         )

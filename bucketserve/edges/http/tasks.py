@@ -6,6 +6,8 @@
   head; answered sorted by relevance.
 - `POST /classify` (text-embeddings-inference's `/predict` body): a text, a pair, or a batch
   of them; each label's score by the `Classify` head, best first.
+- `POST /embed_sparse` and `POST /embed_all` (text-embeddings-inference's): a text's sparse
+  weights by the `Sparse` head, its vector per token by the `EmbedAll` head.
 - `POST /tokenize` and `POST /decode`: the model's own tokenizer, with no model run.
 
 A body becomes the core's one call (`Texts` or `TextPairs`, with the task's head): admission,
@@ -20,12 +22,25 @@ import asyncio
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
+import numpy as np
 from fastapi import APIRouter, Request, Response
 from pydantic import Field, StrictBool, StrictStr
 
-from bucketserve.core.calls import INLINE_TEXT_CHARS, Call, Inputs, TextPairs, Texts
+from bucketserve.core.calls import INLINE_TEXT_CHARS, Answer, Call, Inputs, TextPairs, Texts
 from bucketserve.core.engine import Engine
-from bucketserve.core.heads import RELEVANCE, SCORES, Classify, Head, Rerank, classifier_rule
+from bucketserve.core.heads import (
+    INDICES,
+    RELEVANCE,
+    SCORES,
+    VALUES,
+    VECTORS,
+    Classify,
+    EmbedAll,
+    Head,
+    Rerank,
+    Sparse,
+    classifier_rule,
+)
 from bucketserve.core.model import Model, Truncation
 from bucketserve.edges.http.common import (
     JSON,
@@ -105,6 +120,20 @@ class ClassifyBody(_TextOptions):
     top_k: Positive | None = Field(None, description="the best this many labels (default: all)")
 
 
+class TextsBody(_TextOptions):
+    """A text or texts, as text-embeddings-inference's embed routes take them."""
+
+    inputs: Text | Annotated[list[Text], Field(min_length=1)]
+
+    @property
+    def texts(self) -> list[str]:
+        return [self.inputs] if isinstance(self.inputs, str) else list(self.inputs)
+
+
+class SparseBody(TextsBody):
+    top_k: Positive | None = Field(None, description="the largest this many weights of each")
+
+
 class TokenizeBody(Strict):
     model: StrictStr | None = Field(None, min_length=1)
     inputs: Text | Annotated[list[Text], Field(min_length=1)]
@@ -117,7 +146,7 @@ class DecodeBody(Strict):
     skip_special_tokens: StrictBool = True
 
 
-def serving(engine: Engine, name: str | None, task: str) -> str | None:
+def model_for(engine: Engine, name: str | None, task: str) -> str | None:
     """The model a request without a `model` goes to: the default, when it serves `task`,
     else the one model that does (else the default, which refuses naming its tasks)."""
     if name is not None:
@@ -130,7 +159,8 @@ def serving(engine: Engine, name: str | None, task: str) -> str | None:
     return able[0] if len(able) == 1 else None
 
 
-async def run(request: Request, inputs: Inputs, name: str | None, head: Head) -> Any:
+async def run(request: Request, inputs: Inputs, name: str | None, head: Head) -> Answer:
+    """The task's call, through the engine like every other route's."""
     engine = engine_of(request)
     call = Call(
         inputs,
@@ -145,12 +175,13 @@ async def run(request: Request, inputs: Inputs, name: str | None, head: Head) ->
 async def body_of(request: Request, schema: type[Strict]) -> Any:
     engine = engine_of(request)
     raw = await read_body(request, engine.settings.max_body_bytes)
-    values = 2 * engine.settings.max_sequences + 64
+    limits = engine.settings  # (texts, pairs' two, or token ids to decode, and a few fields)
+    values = limits.max_request_tokens + 2 * limits.max_sequences + 64
     parsed = await off_loop(parse_json, raw, 0, values)
     return validate(schema, parsed, "body")
 
 
-def ranked(scores: Sequence[float], top: int | None) -> list[int]:
+def ranked(scores: Sequence[float] | np.ndarray, top: int | None) -> list[int]:
     """Indices by score, best first (ties in order), cut to `top`."""
     order = sorted(range(len(scores)), key=lambda i: -scores[i])
     return order if top is None else order[:top]
@@ -167,7 +198,7 @@ def ranked(scores: Sequence[float], top: int | None) -> list[int]:
 )
 async def rerank_tei(request: Request) -> Response:
     body: TeiRerankBody = await body_of(request, TeiRerankBody)
-    name = serving(engine_of(request), body.model, "rerank")
+    name = model_for(engine_of(request), body.model, "rerank")
     pairs = TextPairs([(body.query, text) for text in body.texts], body.truncation)
     answer = await run(request, pairs, name, Rerank(body.raw_scores))
     scores = [float(out[RELEVANCE]) for out in answer.outputs]
@@ -187,7 +218,7 @@ async def rerank(request: Request) -> Response:
         raise InvalidInput(
             f"top_n {body.top_n} is more than the {len(documents)} documents", param="top_n"
         )
-    name = serving(engine_of(request), body.model, "rerank")
+    name = model_for(engine_of(request), body.model, "rerank")
     pairs = TextPairs([(body.query, d) for d in documents], Truncation(body.truncate))
     answer = await run(request, pairs, name, Rerank())
     scores = [float(out[RELEVANCE]) for out in answer.outputs]
@@ -244,7 +275,7 @@ async def classify(request: Request) -> Response:
         if len(texts[0]) == 2
         else Texts([t[0] for t in texts], body.truncation)
     )
-    name = serving(engine_of(request), body.model, "classify")
+    name = model_for(engine_of(request), body.model, "classify")
     answer = await run(request, inputs, name, Classify(body.raw_scores))
     labels = classifier_rule(answer.model).labels
     results = [
@@ -254,9 +285,49 @@ async def classify(request: Request) -> Response:
     return json_response(results[0] if single else results)
 
 
+@router.post(
+    "/embed_sparse",
+    responses=errors(400, 404, 413, 415, 422, 503, 504),
+    openapi_extra={
+        "requestBody": {"required": True, "content": {JSON: {"schema": inlined(SparseBody)}}},
+        "parameters": [TIMEOUT_PARAMETER],
+    },
+    summary="Each text's sparse weights over the vocabulary: [{index, value}]",
+)
+async def embed_sparse(request: Request) -> Response:
+    body: SparseBody = await body_of(request, SparseBody)
+    name = model_for(engine_of(request), body.model, "embed_sparse")
+    answer = await run(request, Texts(body.texts, body.truncation), name, Sparse(body.top_k))
+    return json_response(
+        [
+            [
+                {"index": int(i), "value": float(v)}
+                for i, v in zip(out[INDICES], out[VALUES], strict=True)
+            ]
+            for out in answer.outputs
+        ]
+    )
+
+
+@router.post(
+    "/embed_all",
+    responses=errors(400, 404, 413, 415, 422, 503, 504),
+    openapi_extra={
+        "requestBody": {"required": True, "content": {JSON: {"schema": inlined(TextsBody)}}},
+        "parameters": [TIMEOUT_PARAMETER],
+    },
+    summary="One vector per token of each text",
+)
+async def embed_all(request: Request) -> Response:
+    body: TextsBody = await body_of(request, TextsBody)
+    name = model_for(engine_of(request), body.model, "embed_all")
+    answer = await run(request, Texts(body.texts, body.truncation), name, EmbedAll())
+    return json_response([out[VECTORS] for out in answer.outputs])
+
+
 def tokenizing_model(request: Request, name: str | None) -> Model:
     engine = engine_of(request)
-    model = engine.model(serving(engine, name, "tokenize"))
+    model = engine.model(model_for(engine, name, "tokenize"))
     if model.tokenizer is None:
         raise TaskNotServed(
             f"model {model.name} has no tokenizer (it serves {', '.join(model.info.tasks)})",

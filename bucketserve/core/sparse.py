@@ -1,0 +1,69 @@
+"""Per-token outputs turned into what hybrid and late-interaction search index: a sparse
+vector over the vocabulary (`SparseRule`) and one vector per token (`MultiVector`). Read from
+the config's `[sparse]` and `[multi_vector]` at load; applied by the `Sparse` and `EmbedAll`
+heads (`heads`) to each sequence's outputs, already cut to its own tokens: the mask is
+respected because the padding is gone. Imports nothing of the server's.
+
+- SPLADE (a masked-LM head, logits [T, V]): each vocabulary entry's weight is the largest
+  log(1 + relu(logit)) over the text's tokens.
+- Token weights (BGE-M3's sparse head, [T] or [T, 1]): each token's relu(weight), and for a
+  token id that occurs more than once the largest.
+
+Either way the special tokens' entries ([CLS], [SEP], padding) are dropped, and only entries
+of a positive weight are kept.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+import numpy as np
+
+NORM_FLOOR = 1e-12
+
+
+class SparsePooling(StrEnum):
+    SPLADE = "splade"
+    TOKEN_WEIGHTS = "token_weights"
+
+
+@dataclass(frozen=True)
+class SparseRule:
+    output: str
+    pooling: SparsePooling
+    special_ids: tuple[int, ...]  # vocabulary entries never answered
+
+    def weights(
+        self, output: np.ndarray, ids: np.ndarray, top_k: int | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """One text's (indices, weights), by index, the `top_k` largest if asked."""
+        steps = np.asarray(output, np.float32)
+        if self.pooling is SparsePooling.SPLADE:
+            dense = np.log1p(np.maximum(steps, 0)).max(axis=0, initial=0.0)
+        else:
+            weight = np.maximum(steps.reshape(len(ids)), 0)
+            dense = np.zeros(int(ids.max(initial=0)) + 1, np.float32)
+            np.maximum.at(dense, ids, weight)
+        dense[[i for i in self.special_ids if i < len(dense)]] = 0
+        indices = np.flatnonzero(dense > 0)
+        if top_k is not None and top_k < len(indices):
+            largest = np.argsort(-dense[indices], kind="stable")[:top_k]
+            indices = np.sort(indices[largest])
+        return indices.astype(np.int64), dense[indices].astype(np.float32)
+
+
+@dataclass(frozen=True)
+class MultiVector:
+    """Which per-token output is one vector per token, and whether each is L2-normalised."""
+
+    output: str
+    normalize: bool
+
+    def vectors(self, output: np.ndarray) -> np.ndarray:
+        steps = np.asarray(output, np.float32)
+        if not self.normalize:
+            return steps
+        norms = np.linalg.norm(steps, axis=-1, keepdims=True)
+        normalised: np.ndarray = steps / np.maximum(norms, np.float32(NORM_FLOOR))
+        return normalised
