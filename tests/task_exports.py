@@ -105,6 +105,25 @@ def _export(model: Any, folder: Path, outputs: dict[str, dict[int, str]]) -> Non
     tokenizer().save(str(folder / "tokenizer.json"))
 
 
+def write_token_classifier(folder: Path, labels: list[str], seed: int = 0) -> Any:
+    """A tagger's export (NER): BERT's token classification head, logits per token."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+    from transformers import BertForTokenClassification
+
+    torch.manual_seed(seed)
+    config = _bert_config(
+        num_labels=len(labels),
+        id2label=dict(enumerate(labels)),
+        label2id={label: i for i, label in enumerate(labels)},
+    )
+    model = BertForTokenClassification(config).eval()
+    _export(model, folder, {"logits": {0: "batch_size", 1: "sequence_length"}})
+    model.config.architectures = [type(model).__name__]
+    model.config.save_pretrained(folder)
+    return model
+
+
 def write_masked_lm(folder: Path, seed: int = 0) -> Any:
     """A SPLADE-shaped export: BERT's masked-LM head, logits over the vocabulary per token."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -175,6 +194,18 @@ class Reference:
         import torch
 
         return float(torch.sigmoid(torch.from_numpy(self.logits(query, document)))[0])
+
+    def entities(self, text: str, aggregation: str) -> list[dict[str, Any]]:
+        """The token-classification pipeline's entities of `text`."""
+        from transformers import pipeline
+
+        tag = pipeline(
+            "token-classification",
+            model=self.model,
+            tokenizer=self.fast,
+            aggregation_strategy=aggregation,
+        )
+        return list(tag(text))
 
     def pipeline_scores(self, text: str, pair: str | None = None) -> dict[str, float]:
         """The text-classification pipeline's score of every label."""

@@ -30,9 +30,11 @@ from tests.task_exports import (
     write_classifier,
     write_colbert,
     write_masked_lm,
+    write_token_classifier,
 )
 
 SENTIMENT = ["negative", "neutral", "positive"]
+TAGS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
 COLBERT_CONFIG = """
 [inputs.input_ids]
 role = "tokens"
@@ -72,10 +74,11 @@ class Repository:
         )
         write_export(exports / "embedder")
         self.splade = write_masked_lm(exports / "splade", seed=5)
+        self.tagger = Reference(write_token_classifier(exports / "tagger", TAGS, seed=8))
         self.colbert = write_colbert(exports / "colbert", seed=6)
         self.configs = {
             name: import_model(exports / name, self.models, name).config
-            for name in ("reranker", "sentiment", "embedder", "splade")
+            for name in ("reranker", "sentiment", "embedder", "splade", "tagger")
         }
         # ColBERT's export names no task import knows: its config written as a user would
         shutil.copytree(exports / "colbert", self.models / "colbert" / "1")
@@ -246,6 +249,30 @@ def encoded(text: str) -> dict[str, torch.Tensor]:
     }
 
 
+@pytest.mark.parametrize("aggregation", ["none", "simple"])
+async def test_token_classification_as_the_pipeline_gives_it(
+    client: httpx.AsyncClient, repository: Repository, aggregation: str
+) -> None:
+    """Every entity, label, score and span equals transformers' token-classification
+    pipeline's for that text alone (`O` left out, as it leaves it out)."""
+    assert "[token_classifier]" in repository.configs["tagger"]
+    batch = [*texts(6, seed=8), "The zebra reads quixotic books"]
+    answer = await client.post(
+        "/classify_tokens", json={"inputs": batch, "aggregation": aggregation}
+    )
+    assert answer.status_code == 200, answer.text
+    for text, found in zip(batch, answer.json(), strict=True):
+        want = repository.tagger.entities(text, aggregation)
+        assert len(found) == len(want), text
+        for got, expected in zip(found, want, strict=True):
+            assert got["score"] == pytest.approx(float(expected["score"]), abs=TOLERANCE)
+            assert {k: v for k, v in got.items() if k != "score"} == {
+                k: v.item() if isinstance(v, np.generic) else v
+                for k, v in expected.items()
+                if k != "score"
+            }
+
+
 async def test_sparse_weights_pool_the_masked_lm_as_splade(
     client: httpx.AsyncClient, repository: Repository
 ) -> None:
@@ -294,18 +321,13 @@ async def test_tokenize_and_decode_with_the_models_tokenizer(client: httpx.Async
     (tokens,) = answer.json()
     own = tokenizer()
     own.no_padding()
-    encoded = own.encode(text)
-    assert [t["id"] for t in tokens] == encoded.ids
-    assert tokens[0] == {"id": encoded.ids[0], "text": "[CLS]", "special": True}
-    assert tokens[1] == {
-        "id": encoded.ids[1],
-        "text": "The",
-        "special": False,
-        "start": 0,
-        "stop": 3,
-    }
-    decoded = await client.post("/decode", json={"model": "sentiment", "ids": encoded.ids})
-    assert decoded.json() == [own.decode(encoded.ids)]
+    made = own.encode(text)
+    assert [t["id"] for t in tokens] == made.ids
+    assert tokens[0] == {"id": made.ids[0], "text": "[CLS]", "special": True, "piece": "[CLS]"}
+    first = {"id": made.ids[1], "text": "The", "special": False, "start": 0, "stop": 3}
+    assert tokens[1] == first | {"piece": "the"}  # (the text it covers; its string, lowered)
+    decoded = await client.post("/decode", json={"model": "sentiment", "ids": made.ids})
+    assert decoded.json() == [own.decode(made.ids)]
     plain = await client.post(
         "/tokenize", json={"model": "sentiment", "inputs": [text], "add_special_tokens": False}
     )
@@ -365,6 +387,7 @@ async def test_the_config_route_and_models_list_say_the_tasks(
         "reranker": ["predict", "classify", "rerank", "tokenize"],
         "sentiment": ["predict", "classify", "tokenize"],
         "splade": ["predict", "embed_sparse", "tokenize"],
+        "tagger": ["predict", "classify_tokens", "tokenize"],
     }
     for name, served in tasks.items():
         config = (await client.get(f"/v2/models/{name}/config")).json()

@@ -1,7 +1,9 @@
-"""What a model's classification head is: which output holds one row of logits per sequence,
-the labels' names, how logits become scores, and which label's score is a pair's relevance
-for a cross-encoder that reranks. Read from the config's `[classifier]` at load; applied by
-the `Classify` and `Rerank` heads (`heads`) inside the core call. Imports only the errors.
+"""What a model's classification head is: which output holds one row of logits per sequence
+(or, for a token classifier, per token), the labels' names, how logits become scores, and
+which label's score is a pair's relevance for a cross-encoder that reranks. Read from the
+config's `[classifier]` and `[token_classifier]` at load; applied by the `Classify`,
+`ClassifyTokens` and `Rerank` heads (`heads`) inside the core call. Imports nothing of the
+server's.
 """
 
 from __future__ import annotations
@@ -29,14 +31,17 @@ class Classifier:
     rerank_label: int | None = None
 
     def scores(self, logits: np.ndarray, raw: bool = False) -> np.ndarray:
-        """One sequence's logits -> its scores, float32 (`raw`: the logits as they are)."""
-        row = np.asarray(logits, np.float32).reshape(-1)
+        """Logits over the labels (the last axis: one row of a sequence, or one per token) ->
+        scores, float32 (`raw`: the logits as they are)."""
+        rows = np.asarray(logits, np.float32)
+        rows = rows.reshape(-1) if rows.ndim < 2 else rows
         if raw or self.activation is Activation.NONE:
-            return row
+            return rows
+        wide = rows.astype(np.float64)
         if self.activation is Activation.SIGMOID:
-            return np.asarray(1 / (1 + np.exp(-row.astype(np.float64))), np.float32)
-        shifted = np.exp(row.astype(np.float64) - row.max())
-        return np.asarray(shifted / shifted.sum(), np.float32)
+            return np.asarray(1 / (1 + np.exp(-wide)), np.float32)
+        shifted = np.exp(wide - wide.max(axis=-1, keepdims=True))
+        return np.asarray(shifted / shifted.sum(axis=-1, keepdims=True), np.float32)
 
     def relevance(self, logits: np.ndarray, raw: bool = False) -> float:
         """A pair's relevance: its rerank label's score (the logit, `raw`)."""

@@ -5,7 +5,8 @@ that cannot do its task) before anything is admitted, then answers each sequence
 outputs, already cut to the sequence's own length. Imports the model and its embedding rule.
 
 `Embed`: pooling, normalising and cutting to `dimensions`, by the model's `[embedding]` rule.
-`Classify`: each label's score, by the model's `[classifier]` rule. `Rerank`: a (query,
+`Classify`: each label's score, by the model's `[classifier]` rule; `ClassifyTokens`: each
+token's, by its `[token_classifier]`. `Rerank`: a (query,
 document) pair's relevance, by the same rule's rerank label. `Sparse`: a text's weight for
 each vocabulary entry it touches, by the `[sparse]` rule. `EmbedAll`: one vector per token,
 by the `[multi_vector]` rule (or the embedding's per-token output, as it is).
@@ -79,6 +80,20 @@ class Classify:
 
     def answer(self, model: Model, outputs: Outputs, sequence: np.ndarray) -> Outputs:
         rule = classifier_rule(model)
+        return {SCORES: rule.scores(outputs[rule.output], self.raw)}
+
+
+@dataclass(frozen=True)
+class ClassifyTokens:
+    """Each token's score for every label, by the model's token classifier; `raw`: logits."""
+
+    raw: bool = False
+
+    def outputs(self, model: Model) -> tuple[str, ...]:
+        return (token_classifier_rule(model).output,)
+
+    def answer(self, model: Model, outputs: Outputs, sequence: np.ndarray) -> Outputs:
+        rule = token_classifier_rule(model)
         return {SCORES: rule.scores(outputs[rule.output], self.raw)}
 
 
@@ -158,3 +173,13 @@ def multi_vector_rule(model: Model) -> MultiVector:
             param="model",
         )
     return model.info.multi_vector
+
+
+def token_classifier_rule(model: Model) -> Classifier:
+    if model.info.token_classifier is None:
+        raise TaskNotServed(
+            f"model {model.name} does not classify tokens: its config has no [token_classifier] "
+            f"(it serves {', '.join(model.info.tasks)})",
+            param="model",
+        )
+    return model.info.token_classifier

@@ -165,6 +165,7 @@ class ModelInfo:
     served_config: Mapping[str, Any]  # the config route's body: the config as served
     embedding: Embedding | None = None  # which output is its embedding, if it embeds
     classifier: Classifier | None = None  # which output holds its labels' logits, if any
+    token_classifier: Classifier | None = None  # which holds each token's labels' logits
     sparse: SparseRule | None = None  # how its outputs become sparse weights, if they do
     multi_vector: MultiVector | None = None  # which output is one vector per token, if any
     tokenizes: bool = False  # whether it takes text (its config names a tokenizer)
@@ -172,13 +173,14 @@ class ModelInfo:
     @property
     def tasks(self) -> list[str]:
         """What the model serves beside its outputs: embed, embed_all, embed_sparse, classify,
-        rerank, tokenize."""
+        classify_tokens, rerank, tokenize."""
         reranks = self.classifier is not None and self.classifier.rerank_label is not None
         served = {
             "embed": self.embedding is not None,
             "embed_all": self.multi_vector is not None,
             "embed_sparse": self.sparse is not None,
             "classify": self.classifier is not None,
+            "classify_tokens": self.token_classifier is not None,
             "rerank": reranks,
             "tokenize": self.tokenizes,
         }
@@ -223,9 +225,23 @@ class Model:
     ) -> list[np.ndarray]:
         """Texts, or text pairs (with each token's segment), -> token id sequences, for models
         whose config names a tokenizer; each cut to the model's length as `truncation` says."""
+        encodings = self._encodings(texts, truncation)
+        dtype = self.info.rules.dtype
+        if texts and isinstance(texts[0], str):
+            return [np.asarray(e.ids, dtype=dtype) for e in encodings]
+        return [segmented(np.asarray(e.ids, dtype=dtype), e.type_ids) for e in encodings]
+
+    def _encodings(
+        self,
+        texts: Sequence[str | tuple[str, str]],
+        truncation: Truncation = TRUNCATE,
+        special: bool = True,
+    ) -> list[Any]:
+        """The tokenizer's encodings of texts (or pairs), each first cut to the model's
+        characters; InvalidInput for one longer than the model takes, unless it may be cut."""
         chars = self.info.text_chars
         cut = [t[:chars] if isinstance(t, str) else (t[0][:chars], t[1][:chars]) for t in texts]
-        encodings = self._tokenizer(truncation).encode_batch(cut)
+        encodings = self._tokenizer(truncation).encode_batch(cut, add_special_tokens=special)
         if not truncation.allowed:
             longer = next((i for i, e in enumerate(encodings) if e.overflowing), None)
             if longer is not None:
@@ -233,10 +249,7 @@ class Model:
                     f"text {longer}: longer than the model takes ({self._max_tokens} tokens); "
                     "send truncate=true to have it cut"
                 )
-        dtype = self.info.rules.dtype
-        if texts and isinstance(texts[0], str):
-            return [np.asarray(e.ids, dtype=dtype) for e in encodings]
-        return [segmented(np.asarray(e.ids, dtype=dtype), e.type_ids) for e in encodings]
+        return list(encodings)
 
     def _tokenizer(self, truncation: Truncation) -> Tokenizer:
         if self.tokenizer is None:
@@ -251,23 +264,31 @@ class Model:
             self._left = left
         return self._left
 
-    def tokens(self, texts: Sequence[str], special: bool = True) -> list[list[dict[str, Any]]]:
+    def tokens(
+        self, texts: Sequence[str], special: bool = True, truncation: Truncation = TRUNCATE
+    ) -> list[list[dict[str, Any]]]:
         """Each text's tokens as the model's tokenizer makes them (cut to its length): id, the
-        text it covers (a special token's own), whether it is special, its character span."""
-        tokenizer = self._tokenizer(TRUNCATE)
+        text it covers (a special token's own), whether it is special, its character span,
+        and the token's own string (`piece`: a WordPiece continuation's "##s")."""
         chars = self.info.text_chars
-        cut = [t[:chars] for t in texts]
-        encodings = tokenizer.encode_batch(cut, add_special_tokens=special)
+        encodings = self._encodings(texts, truncation, special)
         return [
             [
-                {"id": i, "text": piece if mark else text[a:b], "special": bool(mark)}
+                {"id": i, "text": piece if mark else text[:chars][a:b], "special": bool(mark)}
                 | ({} if mark else {"start": a, "stop": b})
+                | {"piece": piece}
                 for i, piece, mark, (a, b) in zip(
                     e.ids, e.tokens, e.special_tokens_mask, e.offsets, strict=True
                 )
             ]
-            for text, e in zip(cut, encodings, strict=True)
+            for text, e in zip(texts, encodings, strict=True)
         ]
+
+    def joined(self, pieces: Sequence[str]) -> str:
+        """Token strings joined into text, by the tokenizer's decoder (WordPiece's "##")."""
+        tokenizer = self._tokenizer(TRUNCATE)
+        decoder = tokenizer.decoder
+        return str(decoder.decode(list(pieces))) if decoder is not None else "".join(pieces)
 
     def decode(self, rows: Sequence[Sequence[int]], skip_special: bool = True) -> list[str]:
         """Token id lists -> texts, by the model's tokenizer (ids it does not know refused)."""

@@ -36,6 +36,7 @@ from bucketserve.loading.layouts import (
     layout_of,
     multi_vector_of,
     sparse_of,
+    token_classifier_of,
 )
 from bucketserve.loading.mask_way import mask_of, mask_way, reads_input
 from bucketserve.loading.pad_safe import pad_safe_spec
@@ -129,6 +130,7 @@ def build_model(
     invariance, failures, checked_s = checked.invariance, checked.failures, checked.seconds
     embedding = embedding_of(spec, layout)
     classifier = classifier_of(spec, layout)
+    token_classifier = token_classifier_of(spec, layout)
     multi_vector = multi_vector_of(spec, layout, embedding)
     policy = invariance.policy if batching.policy == "auto" else Policy(batching.policy)
     if served.single is not None:  # no config makes a model batch that cannot
@@ -195,6 +197,7 @@ def build_model(
         served_config=described,
         embedding=embedding,
         classifier=classifier,
+        token_classifier=token_classifier,
         sparse=sparse,
         multi_vector=multi_vector,
         tokenizes=tokenizer is not None,

@@ -229,6 +229,18 @@ class ClassifierConfig(_Strict):
     )
 
 
+class TokenClassifierConfig(_Strict):
+    """Which per-token output holds each token's logits, for /classify_tokens (a tagger, NER)."""
+
+    output: str = Field(description="the per-token output of logits over the labels")
+    labels: list[str] | None = Field(
+        default=None, min_length=1, description="the labels' names in order (id2label)"
+    )
+    activation: Literal["softmax", "sigmoid", "none"] = Field(
+        default="softmax", description="how a token's logits become its labels' scores"
+    )
+
+
 class SparseConfig(_Strict):
     """Which per-token output gives sparse weights, for /embed_sparse: SPLADE's masked-LM
     logits [T, vocabulary], or a weight per token (BGE-M3's sparse head, [T] or [T, 1])."""
@@ -278,6 +290,7 @@ class ModelConfig(_Strict):
     tokenizer: TokenizerConfig | None = None
     embedding: EmbeddingConfig | None = None
     classifier: ClassifierConfig | None = None
+    token_classifier: TokenClassifierConfig | None = None
     sparse: SparseConfig | None = None
     multi_vector: MultiVectorConfig | None = None
     build: str | None = Field(
@@ -313,6 +326,7 @@ class ModelConfig(_Strict):
         heads = {
             "embedding": self.embedding,
             "classifier": self.classifier,
+            "token_classifier": self.token_classifier,
             "sparse": self.sparse,
             "multi_vector": self.multi_vector,
         }

@@ -12,7 +12,8 @@ sequence classifier (`architectures` ending in ForSequenceClassification, a `log
 gets a classifier instead: its labels from `id2label`, its activation from `problem_type`
 (or a sentence-transformers CrossEncoder's `activation_fn`), and, with one label (a
 cross-encoder), the rerank task. A masked-LM export (`ForMaskedLM`, a `logits` output over
-the vocabulary: SPLADE) gets sparse weights.
+the vocabulary: SPLADE) gets sparse weights, a token classifier (`ForTokenClassification`)
+its labels per token.
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ class Export:
     notes: list[str]  # what the folder left out, said to the user
     classifier: dict[str, Any] | None = None
     sparse: bool = False  # a masked-LM's logits, pooled as SPLADE pools them
+    token_labels: list[str] | None = None  # a token classifier's labels
 
 
 def _json(path: Path, kind: type[dict[str, Any]] | type[list[Any]] = dict) -> Any:
@@ -117,6 +119,7 @@ def read_export(folder: Path) -> Export:
     outputs = [o.name for o in graph.graph.output]
     classifier = _classifier(model_config, outputs)
     sparse = "logits" in outputs and _is(model_config, "ForMaskedLM")
+    tagger = "logits" in outputs and _is(model_config, "ForTokenClassification")
     return Export(
         onnx_path,
         _external_files(graph, onnx_path.parent),
@@ -126,10 +129,11 @@ def read_export(folder: Path) -> Export:
         vocab_size,
         int(model_config.get("pad_token_id") or 0),  # (RoBERTa's is 1)
         _max_length(folder, model_config),
-        None if classifier or sparse else _embedding(folder, outputs, notes),
+        None if classifier or sparse or tagger else _embedding(folder, outputs, notes),
         notes,
         classifier,
         sparse,
+        _labels(model_config) if tagger else None,
     )
 
 
@@ -148,13 +152,19 @@ ACTIVATIONS = {  # a CrossEncoder's activation_fn, and transformers' problem_typ
 }
 
 
+def _labels(model_config: dict[str, Any]) -> list[str]:
+    """The labels' names in order, from `id2label` (else LABEL_0...)."""
+    id2label = model_config.get("id2label") or {}
+    count = len(id2label) or int(model_config.get("num_labels") or 2)
+    return [str(id2label.get(str(i), f"LABEL_{i}")) for i in range(count)]
+
+
 def _classifier(model_config: dict[str, Any], outputs: list[str]) -> dict[str, Any] | None:
     """The classifier a sequence classification export is, or None for any other."""
     if "logits" not in outputs or not _is(model_config, "ForSequenceClassification"):
         return None
-    id2label = model_config.get("id2label") or {}
-    count = len(id2label) or int(model_config.get("num_labels") or 2)
-    labels = [str(id2label.get(str(i), f"LABEL_{i}")) for i in range(count)]
+    labels = _labels(model_config)
+    count = len(labels)
     cross_encoder = model_config.get("sentence_transformers") or {}
     said = str(cross_encoder.get("activation_fn") or model_config.get("problem_type") or "")
     activation = ACTIVATIONS.get(said.rsplit(".", 1)[-1])
@@ -265,6 +275,9 @@ def config_text(export: Export, source: Path) -> str:
         lines.append("")
     if export.sparse:
         lines += ["[sparse]", 'output = "logits"', 'pooling = "splade"', ""]
+    if export.token_labels is not None:
+        lines += ["[token_classifier]", 'output = "logits"']
+        lines += [f"labels = {_toml(export.token_labels)}", ""]
     lines += [
         "[batching]",
         f"buckets = {edges}",

@@ -222,3 +222,29 @@ def multi_vector_of(
     if embedding is not None and embedding.pooling is not Pooling.NONE:
         return MultiVector(embedding.output, normalize=False)
     return None
+
+
+def token_classifier_of(spec: ModelSpec, layout: Layout) -> Classifier | None:
+    """The config's `[token_classifier]`, checked: a row of logits per token, one a label."""
+    config = spec.config.token_classifier
+    if config is None:
+        return None
+    width = _per_token_row(spec, layout, "token_classifier", config.output)
+    if width is None:
+        raise ConfigError.at(
+            spec.onnx_path,
+            "token_classifier.output",
+            f"output {config.output} gives one number per token, not a row of logits",
+        )
+    labels = config.labels or [f"LABEL_{i}" for i in range(width)]
+    if len(labels) != width:
+        raise ConfigError.at(
+            spec.onnx_path,
+            "token_classifier.labels",
+            f"{len(labels)} labels for output {config.output}'s {width} logits per token",
+        )
+    if spec.config.tokenizer is None:
+        raise ConfigError.at(
+            spec.onnx_path, "token_classifier", "it reads texts: name the model's [tokenizer]"
+        )
+    return Classifier(config.output, tuple(labels), Activation(config.activation))

@@ -234,7 +234,7 @@ async def embeddings(request: Request) -> Response:
 
 
 # the tasks a model is listed here for: every one a retrieval pipeline calls
-RETRIEVAL = ("embed", "embed_all", "embed_sparse", "rerank", "classify")
+RETRIEVAL = ("embed", "embed_all", "embed_sparse", "rerank", "classify", "classify_tokens")
 
 
 def card(model: Model) -> dict[str, Any]:

@@ -6,6 +6,8 @@
   head; answered sorted by relevance.
 - `POST /classify` (text-embeddings-inference's `/predict` body): a text, a pair, or a batch
   of them; each label's score by the `Classify` head, best first.
+- `POST /classify_tokens`: each text's entities (a tagger's, NER's) by the `ClassifyTokens`
+  head, as Hugging Face's token-classification pipeline gives them (`core.entities`).
 - `POST /embed_sparse` and `POST /embed_all` (text-embeddings-inference's): a text's sparse
   weights by the `Sparse` head, its vector per token by the `EmbedAll` head.
 - `POST /tokenize` and `POST /decode`: the model's own tokenizer, with no model run.
@@ -19,6 +21,7 @@ task, else to the one model that does. Errors come in the one error form.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
@@ -28,6 +31,7 @@ from pydantic import Field, StrictBool, StrictStr
 
 from bucketserve.core.calls import INLINE_TEXT_CHARS, Answer, Call, Inputs, TextPairs, Texts
 from bucketserve.core.engine import Engine
+from bucketserve.core.entities import entities
 from bucketserve.core.heads import (
     INDICES,
     RELEVANCE,
@@ -35,11 +39,13 @@ from bucketserve.core.heads import (
     VALUES,
     VECTORS,
     Classify,
+    ClassifyTokens,
     EmbedAll,
     Head,
     Rerank,
     Sparse,
     classifier_rule,
+    token_classifier_rule,
 )
 from bucketserve.core.model import Model, Truncation
 from bucketserve.edges.http.common import (
@@ -128,6 +134,13 @@ class TextsBody(_TextOptions):
     @property
     def texts(self) -> list[str]:
         return [self.inputs] if isinstance(self.inputs, str) else list(self.inputs)
+
+
+class TokensBody(TextsBody):
+    aggregation: Literal["none", "simple"] = Field(
+        "none", description="none: each token; simple: neighbouring tokens of one entity as one"
+    )
+    ignore_labels: list[StrictStr] = Field(["O"], description="entities never answered")
 
 
 class SparseBody(TextsBody):
@@ -283,6 +296,32 @@ async def classify(request: Request) -> Response:
         for scores in (out[SCORES] for out in answer.outputs)
     ]
     return json_response(results[0] if single else results)
+
+
+@router.post(
+    "/classify_tokens",
+    responses=errors(400, 404, 413, 415, 422, 503, 504),
+    openapi_extra={
+        "requestBody": {"required": True, "content": {JSON: {"schema": inlined(TokensBody)}}},
+        "parameters": [TIMEOUT_PARAMETER],
+    },
+    summary="Each text's entities: labels, scores and character spans of its tokens",
+)
+async def classify_tokens(request: Request) -> Response:
+    body: TokensBody = await body_of(request, TokensBody)
+    name = model_for(engine_of(request), body.model, "classify_tokens")
+    answer = await run(request, Texts(body.texts, body.truncation), name, ClassifyTokens())
+    model: Model = answer.model
+    # each token's span and string, tokenised as the call's texts were (off the loop if long)
+    spans = functools.partial(model.tokens, body.texts, truncation=body.truncation)
+    heavy = sum(map(len, body.texts)) > INLINE_TEXT_CHARS
+    tokens = await asyncio.to_thread(spans) if heavy else spans()
+    labels, join = token_classifier_rule(model).labels, model.joined
+    found = [
+        entities(out[SCORES], text, labels, body.aggregation, join, body.ignore_labels)
+        for out, text in zip(answer.outputs, tokens, strict=True)
+    ]
+    return json_response(found[0] if isinstance(body.inputs, str) else found)
 
 
 @router.post(

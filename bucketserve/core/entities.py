@@ -1,0 +1,86 @@
+"""A token classifier's scores made into what a tagger's client reads: the entities of a text,
+as Hugging Face's token-classification pipeline gives them, so its users' code reads ours.
+
+- `none`: each token but the special ones, its best label, that label's score, its index in
+  the text's tokens, its own string and character span.
+- `simple`: neighbouring tokens of one entity type (`B-PER` then `I-PER`s, or one label
+  repeated) made one entity, its score their mean and its word their text; a `B-` starts a
+  new one.
+
+Either way entities labelled as `ignore` (by default `O`, outside any entity) are left out.
+Imports nothing of the server's: the tokens come as `Model.tokens` gives them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+IGNORED = ("O",)
+
+
+def token_entities(
+    scores: np.ndarray, tokens: Sequence[dict[str, Any]], labels: Sequence[str]
+) -> list[dict[str, Any]]:
+    """Every non-special token's best label and score ([T, labels] `scores`, one row a token)."""
+    best = scores.argmax(axis=-1)
+    return [
+        {
+            "entity": labels[int(best[i])],
+            "score": float(scores[i, best[i]]),
+            "index": i,
+            "word": token["piece"],
+            "start": token["start"],
+            "end": token["stop"],
+        }
+        for i, token in enumerate(tokens)
+        if not token["special"]
+    ]
+
+
+def _kind(label: str) -> tuple[str, str]:
+    """(B or I, the entity type) of a label; one without a prefix continues its type."""
+    if label.startswith(("B-", "I-")):
+        return label[0], label[2:]
+    return "I", label
+
+
+def grouped(
+    entities: Sequence[dict[str, Any]], join: Callable[[Sequence[str]], str]
+) -> list[dict[str, Any]]:
+    """Neighbouring token entities of one type, each group one entity (`join` makes a word of
+    token strings)."""
+    groups: list[list[dict[str, Any]]] = []
+    for entity in entities:
+        bi, kind = _kind(entity["entity"])
+        if groups and bi != "B" and _kind(groups[-1][-1]["entity"])[1] == kind:
+            groups[-1].append(entity)
+        else:
+            groups.append([entity])
+    return [
+        {
+            "entity_group": group[0]["entity"].split("-", 1)[-1],
+            "score": float(np.mean([e["score"] for e in group])),
+            "word": join([e["word"] for e in group]),
+            "start": group[0]["start"],
+            "end": group[-1]["end"],
+        }
+        for group in groups
+    ]
+
+
+def entities(
+    scores: np.ndarray,
+    tokens: Sequence[dict[str, Any]],
+    labels: Sequence[str],
+    aggregation: str,
+    join: Callable[[Sequence[str]], str],
+    ignore: Sequence[str] = IGNORED,
+) -> list[dict[str, Any]]:
+    """A text's entities by `aggregation` (none, simple), those labelled `ignore` left out."""
+    found = token_entities(scores, tokens, labels)
+    if aggregation == "none":
+        return [e for e in found if e["entity"] not in ignore]
+    return [e for e in grouped(found, join) if e["entity_group"] not in ignore]
