@@ -179,6 +179,35 @@ async def test_coheres_sdk_reranks_unchanged(
             assert r.relevance_score == pytest.approx(scores[r.index], abs=TOLERANCE)
 
 
+async def test_pairs_over_kserve_v2_as_a_bytes_tensor_of_two_columns(
+    client: httpx.AsyncClient, repository: Repository
+) -> None:
+    """Triton's clients reach a reranker: a BYTES `text` of [n, 2], each row a (query,
+    document) pair, answered with each pair's logits, as the model gives them alone."""
+    docs = documents(5, seed=9)
+    rows = [[QUERY, d] for d in docs]
+    body = {"inputs": [{"name": "text", "shape": [5, 2], "datatype": "BYTES", "data": rows}]}
+    answer = await client.post("/v2/models/reranker/infer", json=body)
+    assert answer.status_code == 200, answer.text
+    (logits,) = answer.json()["outputs"]
+    assert logits["shape"] == [5, 1]
+    want = [float(repository.reranker.logits(QUERY, d)[0]) for d in docs]
+    np.testing.assert_allclose(logits["data"], want, atol=TOLERANCE, rtol=TOLERANCE)
+    flat = {"inputs": [{"name": "text", "shape": [5, 2], "datatype": "BYTES",
+                        "data": [t for row in rows for t in row]}]}  # fmt: skip
+    assert (await client.post("/v2/models/reranker/infer", json=flat)).json() == answer.json()
+    wide = {"inputs": [{"name": "text", "shape": [1, 3], "datatype": "BYTES", "data": ["a"] * 3}]}
+    refused = await client.post("/v2/models/reranker/infer", json=wide)
+    assert refused.status_code == 422
+    assert "[n], [n, 1] or [n, 2]" in refused.json()["error"]
+    embedder = {
+        "inputs": [{"name": "text", "shape": [1, 2], "datatype": "BYTES", "data": ["a", "b"]}]
+    }
+    refused = await client.post("/v2/models/embedder/infer", json=embedder)
+    assert refused.status_code == 422
+    assert "[n] or [n, 1]" in refused.json()["error"]
+
+
 async def test_classify_a_text_a_pair_and_a_batch(
     client: httpx.AsyncClient, repository: Repository
 ) -> None:

@@ -12,7 +12,8 @@ input when the request sends it; a `sequence_lengths` input `[n]` (integers) for
 has neither; for a token model whose pad id is reserved (its mask, when it has no mask input),
 the first pad id in the row; otherwise T.
 
-A model with a tokenizer also takes a BYTES input `text` ([n] or [n, 1]) in place of its token
+A model with a tokenizer also takes a BYTES input `text` ([n] or [n, 1]; a classifier also
+[n, 2], n text pairs such as (query, document) for a cross-encoder) in place of its token
 inputs: n texts, tokenised and checked as /predict's `text`; per-step outputs then come back
 padded to the longest of them.
 """
@@ -27,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from bucketserve.core.calls import OFF_LOOP_BYTES, Answer, Call, Texts
+from bucketserve.core.calls import OFF_LOOP_BYTES, Answer, Call, TextPairs, Texts
 from bucketserve.core.engine import Engine
 from bucketserve.core.layout import FILLED, Input, InputRole, Tensor
 from bucketserve.core.model import Model
@@ -249,7 +250,11 @@ class TensorInputs:
             raise InvalidInput(
                 f"input {TEXT_INPUT}: send it alone (the server makes {others[:4]} from it)"
             )
-        return Texts(tensor_texts(text)).sequences(model)
+        pairs = model.info.classifier is not None  # (a model that reads pairs of texts)
+        rows = tensor_texts(text, (1, 2) if pairs else (1,))
+        if len(rows[0]) == 2:
+            return TextPairs([(a, b) for a, b in rows]).sequences(model)
+        return Texts([row[0] for row in rows]).sequences(model)
 
 
 def _expected(model: Model, name: str) -> Tensor | None:

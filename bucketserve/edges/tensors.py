@@ -137,34 +137,35 @@ def tensor_array(wire: WireTensor, expected: Tensor | None) -> np.ndarray:
     return fitted(values, dtype, name, datatype).reshape(shape)
 
 
-def tensor_texts(wire: WireTensor) -> list[str]:
-    """A BYTES tensor of shape [n] or [n, 1] as its n texts: JSON strings, gRPC's
-    `bytes_contents`, or raw elements each after its length (the binary extension, gRPC's raw
-    contents), every one strict UTF-8."""
+def tensor_texts(wire: WireTensor, widths: tuple[int, ...] = (1,)) -> list[list[str]]:
+    """A BYTES tensor of shape [n] or [n, w] (w one of `widths`: 2 for text pairs) as its n
+    rows of w texts: JSON strings (flat, or a list a row), gRPC's `bytes_contents`, or raw
+    elements each after its length (the binary extension, gRPC's raw contents), every one
+    strict UTF-8."""
     name, shape = quoted(wire.name), wire.shape
     if wire.datatype != TEXT:
         raise InvalidInput(
             f"input {name}: texts are sent as BYTES, not {quoted(wire.datatype, 16)}"
         )
-    if len(shape) not in (1, 2) or min(shape) < 0 or shape[1:] not in ((), (1,)):
+    if len(shape) not in (1, 2) or min(shape) < 0 or shape[1:] not in {(), *((w,) for w in widths)}:
+        forms = ["[n]", *(f"[n, {w}]" for w in widths)]
         raise InvalidInput(
-            f"input {name}: expected a shape like [n] or [n, 1], got {_shape_text(shape)}"
+            f"input {name}: expected a shape like {', '.join(forms[:-1])} or {forms[-1]}, got "
+            f"{_shape_text(shape)}"
         )
     if shape[0] == 0:
         raise InvalidInput(f"input {name}: empty (shape {list(shape)})")
+    width = shape[1] if len(shape) == 2 else 1
     if wire.raw is not None:
         elements = _length_prefixed(memoryview(wire.raw), name)
     elif isinstance(wire.values, Sequence) and not isinstance(wire.values, str | bytes):
-        elements = [v[0] if _single(v) else v for v in wire.values]  # ([[a], [b]] for [n, 1])
+        elements = [e for v in wire.values for e in (v if isinstance(v, list) else [v])]
     else:
         raise InvalidInput(f"input {name}: 'data' must be a list of strings")
-    if len(elements) != shape[0]:
+    if len(elements) != shape[0] * width:
         raise InvalidInput(f"input {name}: {len(elements)} texts for shape {list(shape)}")
-    return [_text(element, name, i) for i, element in enumerate(elements)]
-
-
-def _single(value: Any) -> bool:
-    return isinstance(value, list) and len(value) == 1
+    texts = [_text(element, name, i) for i, element in enumerate(elements)]
+    return [texts[i : i + width] for i in range(0, len(texts), width)]
 
 
 def _length_prefixed(raw: memoryview, name: str) -> list[bytes]:
