@@ -23,7 +23,7 @@ from bucketserve.loading import load_engine
 from bucketserve.loading.importer import import_model
 from bucketserve.settings import Settings
 from tests.exports import SPECIALS, texts, tokenizer, vocabulary, write_export
-from tests.helpers import serving
+from tests.helpers import server_process, serving
 from tests.task_exports import (
     MAX_POSITIONS,
     Reference,
@@ -177,6 +177,24 @@ async def test_coheres_sdk_reranks_unchanged(
         assert [r.index for r in reply.results] == best
         for r in reply.results:
             assert r.relevance_score == pytest.approx(scores[r.index], abs=TOLERANCE)
+
+
+def test_langchains_cohere_rerank_against_a_server_process(repository: Repository) -> None:
+    """LangChain's CohereRerank (langchain-cohere, on Cohere's sync client) pointed at a real
+    server process by its base_url, nothing else changed: the documents it keeps and their
+    scores are the cross-encoder's."""
+    from langchain_cohere import CohereRerank
+    from langchain_core.documents import Document
+
+    docs = documents(8, seed=11)
+    scores = [repository.reranker.cross_encoder_score(QUERY, d) for d in docs]
+    best = sorted(range(len(docs)), key=lambda i: -scores[i])[:3]
+    with server_process(repository.models) as (_, url, _):
+        reranker = CohereRerank(cohere_api_key="unused", base_url=url, model="reranker", top_n=3)
+        kept = reranker.compress_documents([Document(page_content=d) for d in docs], QUERY)
+    assert [d.page_content for d in kept] == [docs[i] for i in best]
+    for document, i in zip(kept, best, strict=True):
+        assert document.metadata["relevance_score"] == pytest.approx(scores[i], abs=TOLERANCE)
 
 
 async def test_pairs_over_kserve_v2_as_a_bytes_tensor_of_two_columns(
