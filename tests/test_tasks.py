@@ -5,6 +5,7 @@ writes them, brought in with `models import`, served beside an embedder, every s
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import shutil
 import tomllib
@@ -73,6 +74,8 @@ class Repository:
             )
         )
         write_export(exports / "embedder")
+        prompts = {"prompts": {"query": "query: ", "passage": "passage: "}}
+        (exports / "embedder" / "config_sentence_transformers.json").write_text(json.dumps(prompts))
         self.splade = write_masked_lm(exports / "splade", seed=5)
         self.tagger = Reference(write_token_classifier(exports / "tagger", TAGS, seed=8))
         self.colbert = write_colbert(exports / "colbert", seed=6)
@@ -181,16 +184,18 @@ async def test_coheres_sdk_reranks_unchanged(
 
 def test_langchains_cohere_rerank_against_a_server_process(repository: Repository) -> None:
     """LangChain's CohereRerank (langchain-cohere, on Cohere's sync client) pointed at a real
-    server process by its base_url, nothing else changed: the documents it keeps and their
-    scores are the cross-encoder's."""
+    server process, nothing else changed: the documents it keeps and their scores are the
+    cross-encoder's."""
     from langchain_cohere import CohereRerank
     from langchain_core.documents import Document
 
     docs = documents(8, seed=11)
     scores = [repository.reranker.cross_encoder_score(QUERY, d) for d in docs]
     best = sorted(range(len(docs)), key=lambda i: -scores[i])[:3]
-    with server_process(repository.models) as (_, url, _):
-        reranker = CohereRerank(cohere_api_key="unused", base_url=url, model="reranker", top_n=3)
+    with server_process(repository.models) as (_, url, _), httpx.Client() as http:
+        # (its own HTTP client, which the test closes; CohereRerank's own base_url works too)
+        sdk = cohere.ClientV2(api_key="unused", base_url=url, httpx_client=http)
+        reranker = CohereRerank(client=sdk, model="reranker", top_n=3)
         kept = reranker.compress_documents([Document(page_content=d) for d in docs], QUERY)
     assert [d.page_content for d in kept] == [docs[i] for i in best]
     for document, i in zip(kept, best, strict=True):
@@ -359,6 +364,37 @@ async def test_embed_all_gives_one_vector_per_token(
     states = await client.post("/embed_all", json={"model": "embedder", "inputs": "the cat"})
     (one,) = states.json()
     assert np.array(one).shape == (len(encoded("the cat")["input_ids"][0]), 32)
+
+
+async def test_a_prompt_named_goes_before_each_text(
+    client: httpx.AsyncClient, repository: Repository
+) -> None:
+    """sentence-transformers' prompts, imported: `prompt_name` puts the named one before each
+    text, as if the client had written it; an unknown name is refused, naming the known."""
+    assert '"query" = "query: "' in repository.configs["embedder"]
+    batch = texts(4, seed=12)
+    asked = {"model": "embedder", "input": batch, "prompt_name": "query"}
+    prompted = await client.post("/v1/embeddings", json=asked)
+    assert prompted.status_code == 200, prompted.text
+    written = await client.post(
+        "/v1/embeddings", json={"model": "embedder", "input": [f"query: {t}" for t in batch]}
+    )
+    assert prompted.json()["data"] == written.json()["data"]
+    assert (
+        prompted.json()["data"]
+        != (await client.post("/v1/embeddings", json={"model": "embedder", "input": batch})).json()[
+            "data"
+        ]
+    )
+    unknown = await client.post("/v1/embeddings", json=asked | {"prompt_name": "nope"})
+    assert unknown.status_code == 422
+    assert "its prompts: passage, query" in unknown.json()["error"]["message"]
+    assert unknown.json()["error"]["param"] == "prompt_name"
+    vectors = await client.post(
+        "/embed_all", json={"model": "embedder", "inputs": "a", "prompt_name": "passage"}
+    )
+    (one,) = vectors.json()
+    assert len(one) == len(encoded("passage: a")["input_ids"][0])
 
 
 async def test_tokenize_and_decode_with_the_models_tokenizer(client: httpx.AsyncClient) -> None:

@@ -82,11 +82,12 @@ class Sequences:
 
 @dataclass(frozen=True)
 class Texts:
-    """Texts, for a model with a tokenizer: each cut by characters, tokenised (cut to the
-    model's length as `truncation` says), then validated."""
+    """Texts, for a model with a tokenizer: each after the prompt named (if one is), cut by
+    characters, tokenised (cut to the model's length as `truncation` says), then validated."""
 
     texts: Sequence[str]
     truncation: Truncation = TRUNCATE
+    prompt_name: str | None = None  # the model's prompt put before each text, if one is named
 
     def count(self, model: Model) -> int:
         return len(self.texts)
@@ -101,7 +102,9 @@ class Texts:
         empty = next((i for i, text in enumerate(self.texts) if not text), None)
         if empty is not None:
             raise InvalidInput(f"text {empty}: empty")
-        encoded = model.encode(self.texts, self.truncation)
+        prompt = model.info.prompt(self.prompt_name)
+        texts = [prompt + text for text in self.texts] if prompt else self.texts
+        encoded = model.encode(texts, self.truncation)
         return [model.validate(seq, i) for i, seq in enumerate(encoded)]
 
 

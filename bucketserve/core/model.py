@@ -10,7 +10,7 @@ alone may go to a second runner on every core (`lone`), checked at load to answe
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -169,6 +169,20 @@ class ModelInfo:
     sparse: SparseRule | None = None  # how its outputs become sparse weights, if they do
     multi_vector: MultiVector | None = None  # which output is one vector per token, if any
     tokenizes: bool = False  # whether it takes text (its config names a tokenizer)
+    prompts: Mapping[str, str] = field(default_factory=dict)  # name -> text put before a text
+
+    def prompt(self, name: str | None) -> str:
+        """The text put before each of a request's texts for `prompt_name` (None: none)."""
+        if name is None:
+            return ""
+        if name not in self.prompts:
+            known = ", ".join(sorted(self.prompts)) or "none"
+            raise InvalidInput(
+                f"prompt_name {name[:64]!r}: model {self.name} has no such prompt (its "
+                f"prompts: {known})",
+                param="prompt_name",
+            )
+        return self.prompts[name]
 
     @property
     def tasks(self) -> list[str]:

@@ -201,6 +201,7 @@ def build_model(
         sparse=sparse,
         multi_vector=multi_vector,
         tokenizes=tokenizer is not None,
+        prompts=dict(config.prompts or {}),
     )
     described["tasks"] = info.tasks  # (the same mapping the config route serves)
     model = Model(info, executor, tokenizer, lone)

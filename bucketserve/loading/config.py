@@ -293,6 +293,11 @@ class ModelConfig(_Strict):
     token_classifier: TokenClassifierConfig | None = None
     sparse: SparseConfig | None = None
     multi_vector: MultiVectorConfig | None = None
+    prompts: dict[str, str] | None = Field(
+        default=None,
+        description="named texts put before a request's texts when it asks for one by "
+        "prompt_name (sentence-transformers' prompts: e5's query = 'query: ')",
+    )
     build: str | None = Field(
         default=None, description="`bucketserve models build` recipe that makes this model's files"
     )
@@ -321,6 +326,8 @@ class ModelConfig(_Strict):
                 raise ValueError(f"at most one input may have role '{role.value}'; found {named}")
         if self.tokenizer is not None and self.inputs[sequence[0]].role is not InputRole.TOKENS:
             raise ValueError("a tokenizer needs a 'tokens' input")
+        if self.prompts and self.tokenizer is None:
+            raise ValueError("prompts are put before texts: name the model's [tokenizer]")
         if self.version is not None and self.version_policy is not None:
             raise ValueError("give version or version_policy, not both")
         heads = {

@@ -13,7 +13,7 @@ gets a classifier instead: its labels from `id2label`, its activation from `prob
 (or a sentence-transformers CrossEncoder's `activation_fn`), and, with one label (a
 cross-encoder), the rerank task. A masked-LM export (`ForMaskedLM`, a `logits` output over
 the vocabulary: SPLADE) gets sparse weights, a token classifier (`ForTokenClassification`)
-its labels per token.
+its labels per token. Named prompts in `config_sentence_transformers.json` become `[prompts]`.
 """
 
 from __future__ import annotations
@@ -67,6 +67,7 @@ class Export:
     classifier: dict[str, Any] | None = None
     sparse: bool = False  # a masked-LM's logits, pooled as SPLADE pools them
     token_labels: list[str] | None = None  # a token classifier's labels
+    prompts: dict[str, str] | None = None  # sentence-transformers' named prompts
 
 
 def _json(path: Path, kind: type[dict[str, Any]] | type[list[Any]] = dict) -> Any:
@@ -134,7 +135,17 @@ def read_export(folder: Path) -> Export:
         classifier,
         sparse,
         _labels(model_config) if tagger else None,
+        _prompts(folder),
     )
+
+
+def _prompts(folder: Path) -> dict[str, str] | None:
+    """config_sentence_transformers.json's named prompts (e5's query = 'query: '), if any."""
+    prompts = _json(folder / "config_sentence_transformers.json").get("prompts")
+    if not isinstance(prompts, dict):
+        return None
+    named = {str(k): v for k, v in prompts.items() if isinstance(v, str) and v}
+    return named or None
 
 
 def _is(model_config: dict[str, Any], kind: str) -> bool:
@@ -275,6 +286,13 @@ def config_text(export: Export, source: Path) -> str:
         lines.append("")
     if export.sparse:
         lines += ["[sparse]", 'output = "logits"', 'pooling = "splade"', ""]
+    if export.prompts:
+        lines.append("[prompts]")
+        lines += [
+            f"{json.dumps(k)} = {json.dumps(v, ensure_ascii=False)}"
+            for k, v in export.prompts.items()
+        ]
+        lines.append("")
     if export.token_labels is not None:
         lines += ["[token_classifier]", 'output = "logits"']
         lines += [f"labels = {_toml(export.token_labels)}", ""]

@@ -36,7 +36,7 @@ from bucketserve.edges.http.common import (
     unless_client_leaves,
 )
 from bucketserve.edges.http.schemas import WHY, Integer, Positive, inlined, is_integer
-from bucketserve.errors import BucketserveError, MalformedRequest, TaskNotServed
+from bucketserve.errors import BucketserveError, InvalidInput, MalformedRequest, TaskNotServed
 
 router = APIRouter(prefix="/v1", tags=["OpenAI"])
 
@@ -65,6 +65,9 @@ class EmbeddingsBody(BaseModel):
         None, description="cut to this width, for a model whose config allows it"
     )
     user: StrictStr | None = Field(None, description="accepted and ignored")
+    prompt_name: StrictStr | None = Field(
+        None, description="the model's prompt put before each text (its config's [prompts])"
+    )
 
 
 class EmbeddingItem(BaseModel):
@@ -177,14 +180,20 @@ def blamed(param: str) -> Iterator[None]:
 
 
 def inputs_of(
-    given: str | list[str] | list[int] | list[list[int]], wire_bytes: int, own_ids: bool
+    given: str | list[str] | list[int] | list[list[int]],
+    wire_bytes: int,
+    own_ids: bool,
+    prompt_name: str | None = None,
 ) -> Inputs:
-    """The body's `input` as the core's inputs: texts, or token id sequences (`own_ids`:
-    whether the server was told a client's ids are the model's own, not OpenAI's)."""
+    """The body's `input` as the core's inputs: texts (after the prompt named), or token id
+    sequences (`own_ids`: whether the server was told a client's ids are the model's own,
+    not OpenAI's)."""
     if isinstance(given, str):
-        return Texts([given])
+        return Texts([given], prompt_name=prompt_name)
     if isinstance(given[0], str):
-        return Texts(given)
+        return Texts(given, prompt_name=prompt_name)
+    if prompt_name is not None:
+        raise InvalidInput("prompt_name is put before texts: send texts", param="prompt_name")
     if isinstance(given[0], int):
         return Sequences([given], wire_bytes, own_ids)
     return Sequences(given, wire_bytes, own_ids)
@@ -212,7 +221,7 @@ async def embeddings(request: Request) -> Response:
     limits = engine.settings
     body = await off_loop(parse_embeddings, raw, limits.max_request_tokens, limits.max_sequences)
     call = Call(
-        inputs_of(body.input, len(raw), engine.settings.openai_token_ids),
+        inputs_of(body.input, len(raw), engine.settings.openai_token_ids, body.prompt_name),
         body.model,
         timeout_ms=request_timeout_ms(request),
         request_id=request_id(request),

@@ -78,6 +78,9 @@ class _TextOptions(Strict):
     truncation_direction: Literal["right", "left", "Right", "Left"] = Field(
         "right", description="where a text is cut: its end (right) or its start (left)"
     )
+    prompt_name: StrictStr | None = Field(
+        None, description="the model's prompt put before each text (its config's [prompts])"
+    )
 
     @property
     def truncation(self) -> Truncation:
@@ -134,6 +137,11 @@ class TextsBody(_TextOptions):
     @property
     def texts(self) -> list[str]:
         return [self.inputs] if isinstance(self.inputs, str) else list(self.inputs)
+
+    @property
+    def inputs_of_texts(self) -> Texts:
+        """The texts as the core's inputs, cut and prompted as the body says."""
+        return Texts(self.texts, self.truncation, self.prompt_name)
 
 
 class TokensBody(TextsBody):
@@ -286,7 +294,7 @@ async def classify(request: Request) -> Response:
     inputs: Inputs = (
         TextPairs([(a, b) for a, b in texts], body.truncation)
         if len(texts[0]) == 2
-        else Texts([t[0] for t in texts], body.truncation)
+        else Texts([t[0] for t in texts], body.truncation, body.prompt_name)
     )
     name = model_for(engine_of(request), body.model, "classify")
     answer = await run(request, inputs, name, Classify(body.raw_scores))
@@ -309,8 +317,10 @@ async def classify(request: Request) -> Response:
 )
 async def classify_tokens(request: Request) -> Response:
     body: TokensBody = await body_of(request, TokensBody)
+    if body.prompt_name is not None:  # (each entity's span is in the text as sent)
+        raise InvalidInput("prompt_name: a tagger reads the texts as sent", param="prompt_name")
     name = model_for(engine_of(request), body.model, "classify_tokens")
-    answer = await run(request, Texts(body.texts, body.truncation), name, ClassifyTokens())
+    answer = await run(request, body.inputs_of_texts, name, ClassifyTokens())
     model: Model = answer.model
     # each token's span and string, tokenised as the call's texts were (off the loop if long)
     spans = functools.partial(model.tokens, body.texts, truncation=body.truncation)
@@ -336,7 +346,7 @@ async def classify_tokens(request: Request) -> Response:
 async def embed_sparse(request: Request) -> Response:
     body: SparseBody = await body_of(request, SparseBody)
     name = model_for(engine_of(request), body.model, "embed_sparse")
-    answer = await run(request, Texts(body.texts, body.truncation), name, Sparse(body.top_k))
+    answer = await run(request, body.inputs_of_texts, name, Sparse(body.top_k))
     return json_response(
         [
             [
@@ -360,7 +370,7 @@ async def embed_sparse(request: Request) -> Response:
 async def embed_all(request: Request) -> Response:
     body: TextsBody = await body_of(request, TextsBody)
     name = model_for(engine_of(request), body.model, "embed_all")
-    answer = await run(request, Texts(body.texts, body.truncation), name, EmbedAll())
+    answer = await run(request, body.inputs_of_texts, name, EmbedAll())
     return json_response([out[VECTORS] for out in answer.outputs])
 
 
