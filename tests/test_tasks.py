@@ -23,7 +23,15 @@ from bucketserve.core.sparse import SparsePooling, SparseRule
 from bucketserve.loading import load_engine
 from bucketserve.loading.importer import import_model
 from bucketserve.settings import Settings
-from tests.exports import SPECIALS, texts, tokenizer, vocabulary, write_export
+from tests.exports import (
+    MAX_SEQ_LENGTH,
+    SPECIALS,
+    WORDS,
+    texts,
+    tokenizer,
+    vocabulary,
+    write_export,
+)
 from tests.helpers import server_process, serving
 from tests.task_exports import (
     MAX_POSITIONS,
@@ -395,6 +403,34 @@ async def test_a_prompt_named_goes_before_each_text(
     )
     (one,) = vectors.json()
     assert len(one) == len(encoded("passage: a")["input_ids"][0])
+
+
+async def test_truncation_on_the_embeddings_and_predict_routes(client: httpx.AsyncClient) -> None:
+    """A text longer than the model takes: cut at its end by default, at its start when asked
+    (equal to the text's last words sent alone), refused with 422 when truncate is false."""
+    words = (WORDS * 3)[: MAX_SEQ_LENGTH + 20]  # (one token each; 2 more for [CLS], [SEP])
+    text, tail = " ".join(words), " ".join(words[-(MAX_SEQ_LENGTH - 2) :])
+    body = {"model": "embedder", "input": text}
+
+    async def vector(**fields: Any) -> list[float]:
+        answer = await client.post("/v1/embeddings", json=body | fields)
+        assert answer.status_code == 200, answer.text
+        return answer.json()["data"][0]["embedding"]  # type: ignore[no-any-return]
+
+    assert await vector(truncation_direction="left") == await vector(input=tail)
+    assert await vector() != await vector(truncation_direction="left")
+    for path, refused in [
+        ("/v1/embeddings", body | {"truncate": False}),
+        ("/predict", {"model": "embedder", "text": [text], "truncate": False}),
+    ]:
+        answer = await client.post(path, json=refused)
+        assert answer.status_code == 422, answer.text
+        assert "text 0: longer than the model takes (64 tokens)" in answer.text
+    cut = await client.post(
+        "/predict",
+        json={"model": "embedder", "text": [text], "truncation_direction": "left"},
+    )
+    assert cut.status_code == 200, cut.text
 
 
 async def test_tokenize_and_decode_with_the_models_tokenizer(client: httpx.AsyncClient) -> None:

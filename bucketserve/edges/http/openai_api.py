@@ -18,11 +18,11 @@ from typing import Annotated, Any, Literal
 
 import numpy as np
 from fastapi import APIRouter, Request, Response
-from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError
 
 from bucketserve.core.calls import Call, Inputs, Sequences, Texts
 from bucketserve.core.heads import EMBEDDING, Embed
-from bucketserve.core.model import Model
+from bucketserve.core.model import Model, Truncation
 from bucketserve.edges.http.common import (
     JSON,
     TIMEOUT_PARAMETER,
@@ -67,6 +67,12 @@ class EmbeddingsBody(BaseModel):
     user: StrictStr | None = Field(None, description="accepted and ignored")
     prompt_name: StrictStr | None = Field(
         None, description="the model's prompt put before each text (its config's [prompts])"
+    )
+    truncate: StrictBool = Field(
+        True, description="cut a text longer than the model takes (false: refuse it, 422)"
+    )
+    truncation_direction: Literal["right", "left"] = Field(
+        "right", description="where a text is cut: its end (right) or its start (left)"
     )
 
 
@@ -179,20 +185,17 @@ def blamed(param: str) -> Iterator[None]:
         raise
 
 
-def inputs_of(
-    given: str | list[str] | list[int] | list[list[int]],
-    wire_bytes: int,
-    own_ids: bool,
-    prompt_name: str | None = None,
-) -> Inputs:
-    """The body's `input` as the core's inputs: texts (after the prompt named), or token id
-    sequences (`own_ids`: whether the server was told a client's ids are the model's own,
-    not OpenAI's)."""
+def inputs_of(body: EmbeddingsBody, wire_bytes: int, own_ids: bool) -> Inputs:
+    """The body's `input` as the core's inputs: texts (after the prompt named, cut as it
+    says), or token id sequences (`own_ids`: whether the server was told a client's ids are
+    the model's own, not OpenAI's)."""
+    given = body.input
+    cut = Truncation(body.truncate, body.truncation_direction == "left")
     if isinstance(given, str):
-        return Texts([given], prompt_name=prompt_name)
+        return Texts([given], cut, body.prompt_name)
     if isinstance(given[0], str):
-        return Texts(given, prompt_name=prompt_name)
-    if prompt_name is not None:
+        return Texts(given, cut, body.prompt_name)
+    if body.prompt_name is not None:
         raise InvalidInput("prompt_name is put before texts: send texts", param="prompt_name")
     if isinstance(given[0], int):
         return Sequences([given], wire_bytes, own_ids)
@@ -221,7 +224,7 @@ async def embeddings(request: Request) -> Response:
     limits = engine.settings
     body = await off_loop(parse_embeddings, raw, limits.max_request_tokens, limits.max_sequences)
     call = Call(
-        inputs_of(body.input, len(raw), engine.settings.openai_token_ids, body.prompt_name),
+        inputs_of(body, len(raw), engine.settings.openai_token_ids),
         body.model,
         timeout_ms=request_timeout_ms(request),
         request_id=request_id(request),

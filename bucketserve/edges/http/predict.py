@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from bucketserve.core.calls import Call, Inputs, Sequences, Texts
+from bucketserve.core.model import Truncation
 from bucketserve.edges.http.common import (
     JSON,
     TIMEOUT_PARAMETER,
@@ -26,7 +27,8 @@ from bucketserve.errors import InvalidInput, MalformedRequest
 
 router = APIRouter()
 
-FIELDS = {"model", "sequences", "text", "outputs"}
+FIELDS = {"model", "sequences", "text", "outputs", "truncate", "truncation_direction"}
+DIRECTIONS = ("right", "left")
 
 
 class _PredictBody(BaseModel):
@@ -51,6 +53,10 @@ class SequencesBody(_PredictBody):
 
 class TextBody(_PredictBody):
     text: list[str] = Field(min_length=1, description="for models whose config names a tokenizer")
+    truncate: bool = Field(True, description="cut a text longer than the model takes (else 422)")
+    truncation_direction: Literal["right", "left"] = Field(
+        "right", description="where a text is cut: its end (right) or its start (left)"
+    )
 
 
 PREDICT_BODY = {"oneOf": [inlined(SequencesBody), inlined(TextBody)]}  # exactly one of the two
@@ -91,10 +97,15 @@ def parse_predict(
     ):
         raise InvalidInput("'outputs' must be a non-empty list of output names")
     wanted = None if outputs is None else tuple(outputs)
+    truncate, direction = body.get("truncate", True), body.get("truncation_direction", "right")
+    if not isinstance(truncate, bool) or direction not in DIRECTIONS:
+        raise InvalidInput("'truncate' is true or false; 'truncation_direction' right or left")
     if field == "text":
         if not all(isinstance(t, str) for t in items):
             raise InvalidInput("'text' must be a list of strings")
-        return name, Texts(items), wanted
+        return name, Texts(items, Truncation(truncate, direction == "left")), wanted
+    if {"truncate", "truncation_direction"} & set(body):
+        raise InvalidInput("'truncate' and 'truncation_direction' apply to 'text'")
     return name, Sequences(items, len(raw)), wanted
 
 
