@@ -29,8 +29,7 @@ import numpy as np
 from fastapi import APIRouter, Request, Response
 from pydantic import Field, StrictBool, StrictStr
 
-from bucketserve.core.calls import INLINE_TEXT_CHARS, Answer, Call, Inputs, TextPairs, Texts
-from bucketserve.core.engine import Engine
+from bucketserve.core.calls import INLINE_TEXT_CHARS, Inputs, TextPairs, Texts
 from bucketserve.core.entities import entities
 from bucketserve.core.heads import (
     INDICES,
@@ -41,7 +40,6 @@ from bucketserve.core.heads import (
     Classify,
     ClassifyTokens,
     EmbedAll,
-    Head,
     Rerank,
     Sparse,
     classifier_rule,
@@ -53,14 +51,10 @@ from bucketserve.edges.http.common import (
     TIMEOUT_PARAMETER,
     engine_of,
     json_response,
-    off_loop,
-    parse_json,
-    read_body,
     request_id,
-    request_timeout_ms,
-    unless_client_leaves,
 )
-from bucketserve.edges.http.schemas import Integer, Positive, Strict, errors, inlined, validate
+from bucketserve.edges.http.schemas import Integer, Positive, Strict, errors, inlined
+from bucketserve.edges.http.task_call import body_of, model_for, run
 from bucketserve.errors import InvalidInput, TaskNotServed
 
 router = APIRouter(tags=["Tasks"])
@@ -165,41 +159,6 @@ class DecodeBody(Strict):
     model: StrictStr | None = Field(None, min_length=1)
     ids: list[Integer] | Annotated[list[list[Integer]], Field(min_length=1)]
     skip_special_tokens: StrictBool = True
-
-
-def model_for(engine: Engine, name: str | None, task: str) -> str | None:
-    """The model a request without a `model` goes to: the default, when it serves `task`,
-    else the one model that does (else the default, which refuses naming its tasks)."""
-    if name is not None:
-        return name
-    models = engine.registry.models
-    default = engine.registry.default_model
-    if default in models and task in models[default].info.tasks:
-        return default
-    able = [n for n, m in models.items() if task in m.info.tasks]
-    return able[0] if len(able) == 1 else None
-
-
-async def run(request: Request, inputs: Inputs, name: str | None, head: Head) -> Answer:
-    """The task's call, through the engine like every other route's."""
-    engine = engine_of(request)
-    call = Call(
-        inputs,
-        name,
-        timeout_ms=request_timeout_ms(request),
-        request_id=request_id(request),
-        head=head,
-    )
-    return await unless_client_leaves(request, engine.infer(call))
-
-
-async def body_of(request: Request, schema: type[Strict]) -> Any:
-    engine = engine_of(request)
-    raw = await read_body(request, engine.settings.max_body_bytes)
-    limits = engine.settings  # (texts, pairs' two, or token ids to decode, and a few fields)
-    values = limits.max_request_tokens + 2 * limits.max_sequences + 64
-    parsed = await off_loop(parse_json, raw, 0, values)
-    return validate(schema, parsed, "body")
 
 
 def ranked(scores: Sequence[float] | np.ndarray, top: int | None) -> list[int]:

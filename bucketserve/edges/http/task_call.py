@@ -1,0 +1,58 @@
+"""What every task route shares (`tasks`): its body read against its schema,
+the model a request without one goes to, and its call through the engine, as every route's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import Request
+
+from bucketserve.core.calls import Answer, Call, Inputs
+from bucketserve.core.engine import Engine
+from bucketserve.core.heads import Head
+from bucketserve.edges.http.common import (
+    engine_of,
+    off_loop,
+    parse_json,
+    read_body,
+    request_id,
+    request_timeout_ms,
+    unless_client_leaves,
+)
+from bucketserve.edges.http.schemas import Strict, validate
+
+
+def model_for(engine: Engine, name: str | None, task: str) -> str | None:
+    """The model a request without a `model` goes to: the default, when it serves `task`,
+    else the one model that does (else the default, which refuses naming its tasks)."""
+    if name is not None:
+        return name
+    models = engine.registry.models
+    default = engine.registry.default_model
+    if default in models and task in models[default].info.tasks:
+        return default
+    able = [n for n, m in models.items() if task in m.info.tasks]
+    return able[0] if len(able) == 1 else None
+
+
+async def run(request: Request, inputs: Inputs, name: str | None, head: Head) -> Answer:
+    """The task's call, through the engine like every other route's."""
+    engine = engine_of(request)
+    call = Call(
+        inputs,
+        name,
+        timeout_ms=request_timeout_ms(request),
+        request_id=request_id(request),
+        head=head,
+    )
+    return await unless_client_leaves(request, engine.infer(call))
+
+
+async def body_of(request: Request, schema: type[Strict]) -> Any:
+    engine = engine_of(request)
+    raw = await read_body(request, engine.settings.max_body_bytes)
+    limits = engine.settings  # (texts, pairs' two, or token ids to decode, and a few fields)
+    values = limits.max_request_tokens + 2 * limits.max_sequences + 64
+    parsed = await off_loop(parse_json, raw, 0, values)
+    return validate(schema, parsed, "body")
