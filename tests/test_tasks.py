@@ -433,6 +433,35 @@ async def test_truncation_on_the_embeddings_and_predict_routes(client: httpx.Asy
     assert cut.status_code == 200, cut.text
 
 
+async def test_coheres_sdk_embeds_with_the_prompt_of_its_input_type(
+    client: httpx.AsyncClient, repository: Repository
+) -> None:
+    """Cohere's embed, both clients of its SDK: `search_query` takes the model's `query`
+    prompt, `search_document` its `passage` (no `document` prompt), as prompt_name would."""
+    batch = texts(3, seed=13)
+
+    async def named(prompt: str) -> list[list[float]]:
+        body = {"model": "embedder", "input": batch, "prompt_name": prompt}
+        answer = await client.post("/v1/embeddings", json=body)
+        return [d["embedding"] for d in answer.json()["data"]]
+
+    v1 = cohere.AsyncClient(api_key="unused", base_url="http://test", httpx_client=client)
+    v2 = cohere.AsyncClientV2(api_key="unused", base_url="http://test", httpx_client=client)
+    query = await v1.embed(model="embedder", texts=batch, input_type="search_query")
+    np.testing.assert_allclose(query.embeddings, await named("query"), atol=1e-6)
+    document = await v2.embed(
+        model="embedder", texts=batch, input_type="search_document", embedding_types=["float"]
+    )
+    np.testing.assert_allclose(document.embeddings.float_, await named("passage"), atol=1e-6)
+    assert document.meta.billed_units.input_tokens > 0
+    refused = await client.post(
+        "/v2/embed",
+        json={"texts": ["a"], "input_type": "search_query", "embedding_types": ["int8"]},
+    )
+    assert refused.status_code == 400
+    assert "embedding_types" in refused.json()["error"]["message"]
+
+
 async def test_tokenize_and_decode_with_the_models_tokenizer(client: httpx.AsyncClient) -> None:
     text = "The zebra reads"
     answer = await client.post("/tokenize", json={"model": "sentiment", "inputs": text})

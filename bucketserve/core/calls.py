@@ -88,6 +88,7 @@ class Texts:
     texts: Sequence[str]
     truncation: Truncation = TRUNCATE
     prompt_name: str | None = None  # the model's prompt put before each text, if one is named
+    input_type: str | None = None  # else Cohere's input type, whose prompt the model may have
 
     def count(self, model: Model) -> int:
         return len(self.texts)
@@ -102,7 +103,9 @@ class Texts:
         empty = next((i for i, text in enumerate(self.texts) if not text), None)
         if empty is not None:
             raise InvalidInput(f"text {empty}: empty")
-        prompt = model.info.prompt(self.prompt_name)
+        info = model.info
+        named = self.prompt_name is not None
+        prompt = info.prompt(self.prompt_name) if named else info.prompt_of_type(self.input_type)
         texts = [prompt + text for text in self.texts] if prompt else self.texts
         encoded = model.encode(texts, self.truncation)
         return [model.validate(seq, i) for i, seq in enumerate(encoded)]

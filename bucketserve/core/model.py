@@ -149,6 +149,13 @@ class Truncation:
 TRUNCATE = Truncation()
 
 
+# Cohere's input types, and the prompt names sentence-transformers models give each
+INPUT_TYPE_PROMPTS = {
+    "search_query": ("query",),
+    "search_document": ("document", "passage"),
+}
+
+
 @dataclass(frozen=True)
 class ModelInfo:
     """What the request path knows of a model, fixed at load."""
@@ -183,6 +190,15 @@ class ModelInfo:
                 param="prompt_name",
             )
         return self.prompts[name]
+
+    def prompt_of_type(self, input_type: str | None) -> str:
+        """The prompt for Cohere's `input_type`: the prompt of that name, else of the name
+        sentence-transformers models give it (search_query: query; search_document:
+        document, else passage); none when the model has no such prompt."""
+        if input_type is None:
+            return ""
+        names = [input_type, *INPUT_TYPE_PROMPTS.get(input_type, ())]
+        return next((self.prompts[n] for n in names if n in self.prompts), "")
 
     @property
     def tasks(self) -> list[str]:

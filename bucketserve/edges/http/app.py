@@ -19,7 +19,7 @@ from bucketserve.control import Control
 from bucketserve.core.engine import Engine
 from bucketserve.edges.auth import ApiKeys
 from bucketserve.edges.failures import CLIENT_CLOSED, Failures
-from bucketserve.edges.http import contract, kserve_routes, openai_api, predict, tasks
+from bucketserve.edges.http import cohere_api, contract, kserve_routes, openai_api, predict, tasks
 from bucketserve.edges.http.common import (
     REFUSED,
     SERVER_VERSION,
@@ -69,6 +69,7 @@ def create_app(
     app.include_router(kserve_routes.router)
     app.include_router(openai_api.router)
     app.include_router(tasks.router)
+    app.include_router(cohere_api.router)
     registry = engine.registry
     versions = [str(model.info.version) for model in registry.models.values()]
     names = [*registry.models, *registry.failed]

@@ -35,6 +35,7 @@ T = TypeVar("T")
 TIMEOUT_HEADER = "x-request-timeout-ms"
 OPENAI_PREFIX = "/v1/"  # the routes of OpenAI's API
 KSERVE_PREFIX = "/v2/"  # the routes of KServe's v2 protocol
+COHERE_V2 = ("/v2/rerank", "/v2/embed")  # Cohere's (and Jina's) routes under KServe's prefix
 SERVER_VERSION = version("bucketserve")  # pyproject.toml's
 JSON = "application/json"
 BINARY = "application/octet-stream"
@@ -187,9 +188,9 @@ def json_response(
 def error_body(error: BucketserveError, path: str) -> dict[str, Any]:
     """An error as the route family of `path` answers errors: KServe v2's form on its routes
     (`{"error": message}`, which tritonclient and KServe's clients read, with our code beside
-    it), OpenAI's on its own (the one error form with `type` and `param` added, which its SDKs
-    read), the one error form everywhere else."""
-    if path.startswith(KSERVE_PREFIX):
+    it; not on Cohere's two that share its prefix), OpenAI's on its own (the one error form
+    with `type` and `param` added, which its SDKs read), the one error form everywhere else."""
+    if path.startswith(KSERVE_PREFIX) and path not in COHERE_V2:
         return {"error": brief(error.message), "code": error.code}
     detail: dict[str, Any] = error_form(error.code, error.message)["error"]
     if path.startswith(OPENAI_PREFIX):

@@ -1,4 +1,4 @@
-"""What every task route shares (`tasks`): its body read against its schema,
+"""What every task route shares (`tasks`, `cohere_api`): its body read against its schema,
 the model a request without one goes to, and its call through the engine, as every route's.
 """
 

@@ -1,0 +1,89 @@
+"""Cohere's embed API, as its SDKs (and LangChain's CohereEmbeddings) send it: `POST
+/v1/embed` and `POST /v2/embed`. (Its rerank is in `tasks`, beside Jina's and TEI's.)
+
+A body becomes the core's one call (`Texts`, with the `Embed` head), as OpenAI's does: its
+`input_type` chooses the model's prompt (`ModelInfo.prompt_of_type`: e5's `query: ` for
+`search_query`), its `truncate` how a long text is cut (`END`, `START`, or `NONE`: refused),
+`output_dimension` cuts the vector where the model's config allows it. Floats are the one
+embedding type served; another is refused naming it.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Request, Response
+from pydantic import Field, StrictStr
+
+from bucketserve.core.calls import Texts
+from bucketserve.core.heads import EMBEDDING, Embed
+from bucketserve.core.model import Truncation
+from bucketserve.edges.http.common import (
+    JSON,
+    TIMEOUT_PARAMETER,
+    engine_of,
+    json_response,
+    request_id,
+)
+from bucketserve.edges.http.schemas import Integer, Positive, Strict, errors, inlined
+from bucketserve.edges.http.task_call import body_of, model_for, run
+
+router = APIRouter(tags=["Cohere"])
+
+CUTS = {"END": Truncation(), "START": Truncation(left=True), "NONE": Truncation(allowed=False)}
+
+
+class EmbedBody(Strict):
+    """Cohere's embed (its SDKs' fields; those that do not apply to text are refused)."""
+
+    model: StrictStr | None = Field(None, min_length=1)
+    texts: list[Annotated[StrictStr, Field(min_length=1)]] = Field(min_length=1)
+    input_type: StrictStr | None = Field(
+        None, description="search_query, search_document...: the model's prompt for it, if any"
+    )
+    embedding_types: list[Literal["float"]] | None = Field(
+        None, description="float (the one type served)"
+    )
+    truncate: Literal["NONE", "START", "END"] = Field("END", description="how a long text is cut")
+    output_dimension: Positive | None = Field(None, description="cut the vector to this width")
+    max_tokens: Integer | None = Field(None, description="accepted and ignored")
+    priority: Integer | None = Field(None, description="accepted and ignored")
+
+
+async def embed(request: Request, version: int) -> Response:
+    body: EmbedBody = await body_of(request, EmbedBody)
+    name = model_for(engine_of(request), body.model, "embed")
+    texts = Texts(body.texts, CUTS[body.truncate], input_type=body.input_type)
+    answer = await run(request, texts, name, Embed(body.output_dimension))
+    vectors = [out[EMBEDDING] for out in answer.outputs]
+    by_type = version == 2 or body.embedding_types is not None
+    reply: dict[str, Any] = {
+        "id": request_id(request),
+        "texts": body.texts,
+        "embeddings": {"float": vectors} if by_type else vectors,
+        "response_type": "embeddings_by_type" if by_type else "embeddings_floats",
+        "meta": {
+            "api_version": {"version": str(version)},
+            "billed_units": {"input_tokens": sum(answer.lengths)},
+        },
+    }
+    return json_response(reply)
+
+
+RESPONSES = errors(400, 404, 413, 415, 422, 503, 504)
+BODY = {
+    "requestBody": {"required": True, "content": {JSON: {"schema": inlined(EmbedBody)}}},
+    "parameters": [TIMEOUT_PARAMETER],
+}
+
+
+@router.post("/v1/embed", responses=RESPONSES, openapi_extra=BODY, summary="Embeddings (v1)")
+async def embed_v1(request: Request) -> Response:
+    """Embeddings, as Cohere's API v1 answers them: floats, or by type when types are named."""
+    return await embed(request, 1)
+
+
+@router.post("/v2/embed", responses=RESPONSES, openapi_extra=BODY, summary="Embeddings (v2)")
+async def embed_v2(request: Request) -> Response:
+    """Embeddings, as Cohere's API v2 answers them: by type."""
+    return await embed(request, 2)
