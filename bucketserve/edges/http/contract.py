@@ -69,7 +69,7 @@ def describe_server(
     app: FastAPI, names: Iterable[str], versions: Iterable[str], max_sequences: int
 ) -> None:
     """The document as this server takes requests: model names (the `{name}` path parameter,
-    the `model` of /predict and /v1/embeddings) and `{version}`s are the repository's, and
+    the `model` of every body that names one) and `{version}`s are the repository's, and
     /predict takes at most `max_sequences` items."""
     known = {"name": sorted(set(names)), "version": sorted(set(versions))}
     models = {"type": "string", "enum": known["name"]}
@@ -91,9 +91,16 @@ def describe_server(
                 for field in ("sequences", "text"):
                     if field in fields:
                         fields[field]["maxItems"] = max_sequences
-            embeddings = schema["paths"]["/v1/embeddings"]["post"]["requestBody"]["content"]
-            fields = embeddings["application/json"]["schema"]["properties"]
-            fields["model"] |= models
+            for path, item in schema["paths"].items():  # (the task routes, OpenAI's, Cohere's)
+                body = item.get("post", {}).get("requestBody", {}).get("content", {})
+                fields = body.get("application/json", {}).get("schema", {}).get("properties", {})
+                if "model" in fields and path != "/predict":
+                    named = fields["model"]
+                    rest = {k: v for k, v in named.items() if k not in ("anyOf", "minLength")}
+                    optional = "anyOf" in named  # (a model the route may choose itself)
+                    fields["model"] = rest | (
+                        {"anyOf": [models, {"type": "null"}]} if optional else models
+                    )
             app.openapi_schema = schema
         return app.openapi_schema
 

@@ -346,7 +346,7 @@ def tokenizing_model(request: Request, name: str | None) -> Model:
 
 @router.post(
     "/tokenize",
-    responses=errors(400, 404, 413, 415, 422),
+    responses=errors(400, 404, 413, 415, 422, 503),
     openapi_extra={
         "requestBody": {"required": True, "content": {JSON: {"schema": inlined(TokenizeBody)}}}
     },
@@ -368,7 +368,7 @@ async def tokenize(request: Request) -> Response:
 
 @router.post(
     "/decode",
-    responses=errors(400, 404, 413, 415, 422),
+    responses=errors(400, 404, 413, 415, 422, 503),
     openapi_extra={
         "requestBody": {"required": True, "content": {JSON: {"schema": inlined(DecodeBody)}}}
     },
