@@ -309,7 +309,7 @@ def encoded(text: str) -> dict[str, torch.Tensor]:
     }
 
 
-@pytest.mark.parametrize("aggregation", ["none", "simple"])
+@pytest.mark.parametrize("aggregation", ["none", "simple", "first", "average", "max"])
 async def test_token_classification_as_the_pipeline_gives_it(
     client: httpx.AsyncClient, repository: Repository, aggregation: str
 ) -> None:

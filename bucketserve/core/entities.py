@@ -6,6 +6,9 @@ as Hugging Face's token-classification pipeline gives them, so its users' code r
 - `simple`: neighbouring tokens of one entity type (`B-PER` then `I-PER`s, or one label
   repeated) made one entity, its score their mean and its word their text; a `B-` starts a
   new one.
+- `first`, `average`, `max`: a word's pieces (`##`-continued) first made one entity, its
+  label and score from its first piece's scores, their mean, or the piece scored highest;
+  then words grouped as `simple` groups tokens. A word never splits between entities.
 
 Either way entities labelled as `ignore` (by default `O`, outside any entity) are left out.
 Imports nothing of the server's: the tokens come as `Model.tokens` gives them.
@@ -19,6 +22,9 @@ from typing import Any
 import numpy as np
 
 IGNORED = ("O",)
+
+
+WORDS = ("first", "average", "max")  # the aggregations that make a word of its pieces
 
 
 def token_entities(
@@ -38,6 +44,45 @@ def token_entities(
         for i, token in enumerate(tokens)
         if not token["special"]
     ]
+
+
+def word_entities(
+    scores: np.ndarray,
+    tokens: Sequence[dict[str, Any]],
+    labels: Sequence[str],
+    aggregation: str,
+    join: Callable[[Sequence[str]], str],
+) -> list[dict[str, Any]]:
+    """Each word's entity: its pieces (a token whose string is not as long as the text it
+    covers continues the word before, as a `##` piece does) scored by `aggregation`."""
+    words: list[list[int]] = []
+    for i, token in enumerate(tokens):
+        if token["special"]:
+            continue
+        piece = len(token["piece"]) != token["stop"] - token["start"]
+        if words and piece:
+            words[-1].append(i)
+        else:
+            words.append([i])
+    found = []
+    for word in words:
+        if aggregation == "first":
+            row = scores[word[0]]
+        elif aggregation == "max":
+            row = scores[max(word, key=lambda i: scores[i].max())]
+        else:
+            row = scores[word].mean(axis=0)
+        best = int(row.argmax())
+        found.append(
+            {
+                "entity": labels[best],
+                "score": float(row[best]),
+                "word": join([tokens[i]["piece"] for i in word]),
+                "start": tokens[word[0]]["start"],
+                "end": tokens[word[-1]]["stop"],
+            }
+        )
+    return found
 
 
 def _kind(label: str) -> tuple[str, str]:
@@ -79,8 +124,12 @@ def entities(
     join: Callable[[Sequence[str]], str],
     ignore: Sequence[str] = IGNORED,
 ) -> list[dict[str, Any]]:
-    """A text's entities by `aggregation` (none, simple), those labelled `ignore` left out."""
-    found = token_entities(scores, tokens, labels)
+    """A text's entities by `aggregation` (none, simple, first, average, max), those labelled
+    `ignore` left out."""
+    if aggregation in WORDS:
+        found = word_entities(scores, tokens, labels, aggregation, join)
+    else:
+        found = token_entities(scores, tokens, labels)
     if aggregation == "none":
         return [e for e in found if e["entity"] not in ignore]
     return [e for e in grouped(found, join) if e["entity_group"] not in ignore]

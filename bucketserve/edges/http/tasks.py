@@ -139,8 +139,11 @@ class TextsBody(_TextOptions):
 
 
 class TokensBody(TextsBody):
-    aggregation: Literal["none", "simple"] = Field(
-        "none", description="none: each token; simple: neighbouring tokens of one entity as one"
+    aggregation: Literal["none", "simple", "first", "average", "max"] = Field(
+        "none",
+        description="none: each token; simple: neighbouring tokens of one entity as one; "
+        "first, average, max: a word's pieces first made one, scored by its first piece, their "
+        "mean or the best of them (Hugging Face's aggregation strategies)",
     )
     ignore_labels: list[StrictStr] = Field(["O"], description="entities never answered")
 
@@ -282,13 +285,13 @@ async def classify_tokens(request: Request) -> Response:
     answer = await run(request, body.inputs_of_texts, name, ClassifyTokens())
     model: Model = answer.model
     # each token's span and string, tokenised as the call's texts were (off the loop if long)
-    spans = functools.partial(model.tokens, body.texts, truncation=body.truncation)
+    tokenise = functools.partial(model.tokens, body.texts, truncation=body.truncation)
     heavy = sum(map(len, body.texts)) > INLINE_TEXT_CHARS
-    tokens = await asyncio.to_thread(spans) if heavy else spans()
+    tokens = await asyncio.to_thread(tokenise) if heavy else tokenise()
     labels, join = token_classifier_rule(model).labels, model.joined
     found = [
-        entities(out[SCORES], text, labels, body.aggregation, join, body.ignore_labels)
-        for out, text in zip(answer.outputs, tokens, strict=True)
+        entities(out[SCORES], spans, labels, body.aggregation, join, body.ignore_labels)
+        for out, spans in zip(answer.outputs, tokens, strict=True)
     ]
     return json_response(found[0] if isinstance(body.inputs, str) else found)
 
