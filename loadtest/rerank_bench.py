@@ -28,20 +28,18 @@ import statistics
 import sys
 import tempfile
 import urllib.request
-import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx
 import orjson
 
 from bucketserve.loading.importer import import_model
 from loadtest.loadgen import Result, closed_loop, encode_post, http, open_loop
 from loadtest.payloads import natural_texts
 from loadtest.process import running_process, running_server
+from modelgen.hf_export import export_text_model
 from modelgen.minilm import _model_source
-from modelgen.save import save_model
 
 DOCUMENTS = 100
 CLIENTS = 16
@@ -59,26 +57,9 @@ def write_cross_encoder(folder: Path) -> None:
     model = AutoModelForSequenceClassification.from_pretrained(
         source, num_labels=1, local_files_only=True, attn_implementation="eager"
     ).eval()
-    ids = torch.randint(1000, 30000, (2, 16))
-    mask = torch.ones_like(ids)
-    mask[1, 9:] = 0  # (padding in the example: else the trace drops the mask)
-    axes = {0: "batch_size", 1: "sequence_length"}
     folder.mkdir(parents=True)
-    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        exported = Path(tmp) / "model.onnx"
-        torch.onnx.export(
-            model,
-            (ids, mask, torch.zeros_like(ids)),
-            str(exported),
-            dynamo=False,
-            opset_version=17,
-            input_names=["input_ids", "attention_mask", "token_type_ids"],
-            output_names=["logits"],
-            dynamic_axes={n: axes for n in ("input_ids", "attention_mask", "token_type_ids")}
-            | {"logits": {0: "batch_size"}},
-        )
-        save_model(onnx.load(str(exported)), folder / "model.onnx")
+    logits = {"logits": {0: "batch_size"}}
+    export_text_model(model, folder / "model.onnx", logits, model.config.vocab_size)
     model.config.architectures = [type(model).__name__]
     model.config.save_pretrained(folder)
     (folder / "tokenizer.json").write_bytes((source / "tokenizer.json").read_bytes())

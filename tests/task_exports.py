@@ -14,15 +14,12 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
-import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx
 
-from modelgen.save import save_model
+from modelgen.hf_export import export_text_model
 from tests.exports import tokenizer, vocabulary
 
 MAX_POSITIONS = 128
@@ -79,29 +76,9 @@ def _bert_config(**extra: Any) -> Any:
 
 
 def _export(model: Any, folder: Path, outputs: dict[str, dict[int, str]]) -> None:
-    """`model` (ids, mask, token types -> `outputs`) exported as optimum exports it."""
-    import torch
-
-    ids = torch.randint(5, len(vocabulary()), (2, 12))
-    mask = torch.ones_like(ids)
-    mask[1, 7:] = 0  # (padding in the example: with all ones the trace drops the mask)
-    axes = {0: "batch_size", 1: "sequence_length"}
+    """`model` exported as optimum exports it, beside the export's tokenizer."""
     folder.mkdir(parents=True)
-    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        exported = Path(tmp) / "model.onnx"
-        torch.onnx.export(
-            model,
-            (ids, mask, torch.zeros_like(ids)),
-            str(exported),
-            dynamo=False,
-            opset_version=17,
-            input_names=["input_ids", "attention_mask", "token_type_ids"],
-            output_names=list(outputs),
-            dynamic_axes={n: axes for n in ("input_ids", "attention_mask", "token_type_ids")}
-            | outputs,
-        )
-        save_model(onnx.load(str(exported)), folder / "model.onnx")
+    export_text_model(model, folder / "model.onnx", outputs, len(vocabulary()))
     tokenizer().save(str(folder / "tokenizer.json"))
 
 

@@ -19,14 +19,12 @@ from bucketserve.core.calls import Texts
 from bucketserve.core.heads import EMBEDDING, Embed
 from bucketserve.core.model import Truncation
 from bucketserve.edges.http.common import (
-    JSON,
-    TIMEOUT_PARAMETER,
     engine_of,
     json_response,
     request_id,
 )
-from bucketserve.edges.http.schemas import Integer, Positive, Strict, errors, inlined
-from bucketserve.edges.http.task_call import body_of, model_for, run
+from bucketserve.edges.http.schemas import Integer, Positive, Strict
+from bucketserve.edges.http.task_call import body_of, model_for, post, run
 
 router = APIRouter(tags=["Cohere"])
 
@@ -70,20 +68,13 @@ async def embed(request: Request, version: int) -> Response:
     return json_response(reply)
 
 
-RESPONSES = errors(400, 404, 413, 415, 422, 503, 504)
-BODY = {
-    "requestBody": {"required": True, "content": {JSON: {"schema": inlined(EmbedBody)}}},
-    "parameters": [TIMEOUT_PARAMETER],
-}
-
-
-@router.post("/v1/embed", responses=RESPONSES, openapi_extra=BODY, summary="Embeddings (v1)")
+@post(router, "/v1/embed", EmbedBody, "Embeddings (v1)")
 async def embed_v1(request: Request) -> Response:
     """Embeddings, as Cohere's API v1 answers them: floats, or by type when types are named."""
     return await embed(request, 1)
 
 
-@router.post("/v2/embed", responses=RESPONSES, openapi_extra=BODY, summary="Embeddings (v2)")
+@post(router, "/v2/embed", EmbedBody, "Embeddings (v2)")
 async def embed_v2(request: Request) -> Response:
     """Embeddings, as Cohere's API v2 answers them: by type."""
     return await embed(request, 2)

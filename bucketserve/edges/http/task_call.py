@@ -1,17 +1,21 @@
-"""What every task route shares (`tasks`, `cohere_api`): its body read against its schema,
-the model a request without one goes to, and its call through the engine, as every route's.
+"""What every task route shares (`tasks`, `cohere_api`): its place in the document, its body
+read against its schema, the model a request without one goes to, and its call through the
+engine, as every route's.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from fastapi import Request
+from fastapi import APIRouter, Request
 
 from bucketserve.core.calls import Answer, Call, Inputs
 from bucketserve.core.engine import Engine
 from bucketserve.core.heads import Head
 from bucketserve.edges.http.common import (
+    JSON,
+    TIMEOUT_PARAMETER,
     engine_of,
     off_loop,
     parse_json,
@@ -20,7 +24,23 @@ from bucketserve.edges.http.common import (
     request_timeout_ms,
     unless_client_leaves,
 )
-from bucketserve.edges.http.schemas import Strict, validate
+from bucketserve.edges.http.schemas import Strict, errors, inlined, validate
+
+RUN = (400, 404, 413, 415, 422, 503, 504)  # what a route that runs a model may answer
+READ = (400, 404, 413, 415, 422, 503)  # what one that only reads a model (its tokenizer) may
+
+
+def post(
+    router: APIRouter, path: str, body: type[Strict], summary: str, statuses: tuple[int, ...] = RUN
+) -> Callable[[Any], Any]:
+    """`router`'s POST `path`, documented: its JSON `body`, its statuses, and (for a route
+    that runs a model) the request's own deadline header."""
+    extra: dict[str, Any] = {
+        "requestBody": {"required": True, "content": {JSON: {"schema": inlined(body)}}}
+    }
+    if 504 in statuses:
+        extra["parameters"] = [TIMEOUT_PARAMETER]
+    return router.post(path, responses=errors(*statuses), openapi_extra=extra, summary=summary)
 
 
 def model_for(engine: Engine, name: str | None, task: str) -> str | None:

@@ -47,14 +47,12 @@ from bucketserve.core.heads import (
 )
 from bucketserve.core.model import Model, Truncation
 from bucketserve.edges.http.common import (
-    JSON,
-    TIMEOUT_PARAMETER,
     engine_of,
     json_response,
     request_id,
 )
-from bucketserve.edges.http.schemas import Integer, Positive, Strict, errors, inlined
-from bucketserve.edges.http.task_call import body_of, model_for, run
+from bucketserve.edges.http.schemas import Integer, Positive, Strict
+from bucketserve.edges.http.task_call import READ, body_of, model_for, post, run
 from bucketserve.errors import InvalidInput, TaskNotServed
 
 router = APIRouter(tags=["Tasks"])
@@ -170,14 +168,11 @@ def ranked(scores: Sequence[float] | np.ndarray, top: int | None) -> list[int]:
     return order if top is None else order[:top]
 
 
-@router.post(
+@post(
+    router,
     "/rerank",
-    responses=errors(400, 404, 413, 415, 422, 503, 504),
-    openapi_extra={
-        "requestBody": {"required": True, "content": {JSON: {"schema": inlined(TeiRerankBody)}}},
-        "parameters": [TIMEOUT_PARAMETER],
-    },
-    summary="Rerank texts against a query (text-embeddings-inference's shape)",
+    TeiRerankBody,
+    "Rerank texts against a query (text-embeddings-inference's shape)",
 )
 async def rerank_tei(request: Request) -> Response:
     body: TeiRerankBody = await body_of(request, TeiRerankBody)
@@ -223,28 +218,15 @@ async def rerank(request: Request) -> Response:
 
 
 for path in ("/v1/rerank", "/v2/rerank"):
-    router.add_api_route(
-        path,
-        rerank,
-        methods=["POST"],
-        responses=errors(400, 404, 413, 415, 422, 503, 504),
-        openapi_extra={
-            "requestBody": {"required": True, "content": {JSON: {"schema": inlined(RerankBody)}}},
-            "parameters": [TIMEOUT_PARAMETER],
-        },
-        summary=f"Rerank documents against a query (Cohere's and Jina's shape), at {path}",
-        tags=["Tasks"],
-    )
+    shape = f"Rerank documents against a query (Cohere's and Jina's shape), at {path}"
+    post(router, path, RerankBody, shape)(rerank)
 
 
-@router.post(
+@post(
+    router,
     "/classify",
-    responses=errors(400, 404, 413, 415, 422, 503, 504),
-    openapi_extra={
-        "requestBody": {"required": True, "content": {JSON: {"schema": inlined(ClassifyBody)}}},
-        "parameters": [TIMEOUT_PARAMETER],
-    },
-    summary="Each label's score for a text or a text pair, or a batch of them",
+    ClassifyBody,
+    "Each label's score for a text or a text pair, or a batch of them",
 )
 async def classify(request: Request) -> Response:
     body: ClassifyBody = await body_of(request, ClassifyBody)
@@ -268,14 +250,11 @@ async def classify(request: Request) -> Response:
     return json_response(results[0] if single else results)
 
 
-@router.post(
+@post(
+    router,
     "/classify_tokens",
-    responses=errors(400, 404, 413, 415, 422, 503, 504),
-    openapi_extra={
-        "requestBody": {"required": True, "content": {JSON: {"schema": inlined(TokensBody)}}},
-        "parameters": [TIMEOUT_PARAMETER],
-    },
-    summary="Each text's entities: labels, scores and character spans of its tokens",
+    TokensBody,
+    "Each text's entities: labels, scores and character spans of its tokens",
 )
 async def classify_tokens(request: Request) -> Response:
     body: TokensBody = await body_of(request, TokensBody)
@@ -296,14 +275,11 @@ async def classify_tokens(request: Request) -> Response:
     return json_response(found[0] if isinstance(body.inputs, str) else found)
 
 
-@router.post(
+@post(
+    router,
     "/embed_sparse",
-    responses=errors(400, 404, 413, 415, 422, 503, 504),
-    openapi_extra={
-        "requestBody": {"required": True, "content": {JSON: {"schema": inlined(SparseBody)}}},
-        "parameters": [TIMEOUT_PARAMETER],
-    },
-    summary="Each text's sparse weights over the vocabulary: [{index, value}]",
+    SparseBody,
+    "Each text's sparse weights over the vocabulary: [{index, value}]",
 )
 async def embed_sparse(request: Request) -> Response:
     body: SparseBody = await body_of(request, SparseBody)
@@ -320,15 +296,7 @@ async def embed_sparse(request: Request) -> Response:
     )
 
 
-@router.post(
-    "/embed_all",
-    responses=errors(400, 404, 413, 415, 422, 503, 504),
-    openapi_extra={
-        "requestBody": {"required": True, "content": {JSON: {"schema": inlined(TextsBody)}}},
-        "parameters": [TIMEOUT_PARAMETER],
-    },
-    summary="One vector per token of each text",
-)
+@post(router, "/embed_all", TextsBody, "One vector per token of each text")
 async def embed_all(request: Request) -> Response:
     body: TextsBody = await body_of(request, TextsBody)
     name = model_for(engine_of(request), body.model, "embed_all")
@@ -347,13 +315,12 @@ def tokenizing_model(request: Request, name: str | None) -> Model:
     return model
 
 
-@router.post(
+@post(
+    router,
     "/tokenize",
-    responses=errors(400, 404, 413, 415, 422, 503),
-    openapi_extra={
-        "requestBody": {"required": True, "content": {JSON: {"schema": inlined(TokenizeBody)}}}
-    },
-    summary="Tokens of each text, by the model's own tokenizer: ids, pieces, offsets",
+    TokenizeBody,
+    "Tokens of each text, by the model's own tokenizer: ids, pieces, offsets",
+    READ,
 )
 async def tokenize(request: Request) -> Response:
     body: TokenizeBody = await body_of(request, TokenizeBody)
@@ -369,14 +336,7 @@ async def tokenize(request: Request) -> Response:
     return json_response(tokens)
 
 
-@router.post(
-    "/decode",
-    responses=errors(400, 404, 413, 415, 422, 503),
-    openapi_extra={
-        "requestBody": {"required": True, "content": {JSON: {"schema": inlined(DecodeBody)}}}
-    },
-    summary="Texts of token id lists, by the model's own tokenizer",
-)
+@post(router, "/decode", DecodeBody, "Texts of token id lists, by the model's own tokenizer", READ)
 async def decode(request: Request) -> Response:
     body: DecodeBody = await body_of(request, DecodeBody)
     model = tokenizing_model(request, body.model)
