@@ -116,8 +116,9 @@ def write_masked_lm(folder: Path, seed: int = 0) -> Any:
 
 
 def write_colbert(folder: Path, width: int = 16, seed: int = 0) -> Any:
-    """A ColBERT-shaped export: BERT's per-token states through a linear projection to
-    `width`, one vector per token (the server normalises them, as ColBERT does)."""
+    """A ColBERT-shaped export as PyLate writes one: BERT's per-token states through a linear
+    projection to `width`, one vector per token (normalised, as ColBERT does), its modules
+    and its query and document prefixes."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
     from transformers import BertModel
@@ -138,6 +139,13 @@ def write_colbert(folder: Path, width: int = 16, seed: int = 0) -> Any:
     _export(model, folder, {"token_vectors": {0: "batch_size", 1: "sequence_length"}})
     bert.config.architectures = ["BertModel"]
     bert.config.save_pretrained(folder)
+    modules = [  # (as PyLate lists a ColBERT's modules: no pooling)
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Dense", "type": "pylate.models.Dense.Dense"},
+    ]
+    (folder / "modules.json").write_text(json.dumps(modules))
+    prefixes = {"query_prefix": "[Q] ", "document_prefix": "[D] ", "query_length": 32}
+    (folder / "config_sentence_transformers.json").write_text(json.dumps(prefixes))
     return model
 
 

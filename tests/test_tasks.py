@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import shutil
 import tomllib
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -44,23 +43,6 @@ from tests.task_exports import (
 
 SENTIMENT = ["negative", "neutral", "positive"]
 TAGS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
-COLBERT_CONFIG = """
-[inputs.input_ids]
-role = "tokens"
-vocab_size = 157
-[inputs.attention_mask]
-role = "mask"
-[inputs.token_type_ids]
-role = "token_types"
-[outputs.token_vectors]
-[multi_vector]
-output = "token_vectors"
-normalize = true
-[batching]
-buckets = [16, 32, 64, 128]
-[tokenizer]
-max_length = 128
-"""
 QUERY = "what is a bucket"
 TOLERANCE = 1e-5
 
@@ -89,11 +71,8 @@ class Repository:
         self.colbert = write_colbert(exports / "colbert", seed=6)
         self.configs = {
             name: import_model(exports / name, self.models, name).config
-            for name in ("reranker", "sentiment", "embedder", "splade", "tagger")
+            for name in ("reranker", "sentiment", "embedder", "splade", "tagger", "colbert")
         }
-        # ColBERT's export names no task import knows: its config written as a user would
-        shutil.copytree(exports / "colbert", self.models / "colbert" / "1")
-        (self.models / "colbert" / "config.toml").write_text(COLBERT_CONFIG)
 
 
 @pytest.fixture(scope="module")
@@ -360,8 +339,11 @@ async def test_sparse_weights_pool_the_masked_lm_as_splade(
 async def test_embed_all_gives_one_vector_per_token(
     client: httpx.AsyncClient, repository: Repository
 ) -> None:
-    """ColBERT-shaped: each token's projection, normalised; an embedder's per-token states as
-    they are, cut to the text's own tokens."""
+    """ColBERT-shaped, imported from PyLate's files: each token's projection, normalised; an
+    embedder's per-token states as they are, cut to the text's own tokens."""
+    config = tomllib.loads(repository.configs["colbert"])
+    assert config["multi_vector"] == {"output": "token_vectors", "normalize": True}
+    assert config["prompts"] == {"query": "[Q] ", "document": "[D] "}  # (PyLate's prefixes)
     batch = texts(6, seed=7)
     answer = await client.post("/embed_all", json={"model": "colbert", "inputs": batch})
     assert answer.status_code == 200, answer.text

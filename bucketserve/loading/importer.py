@@ -68,6 +68,7 @@ class Export:
     sparse: bool = False  # a masked-LM's logits, pooled as SPLADE pools them
     token_labels: list[str] | None = None  # a token classifier's labels
     prompts: dict[str, str] | None = None  # sentence-transformers' named prompts
+    multi_vector: str | None = None  # a late-interaction model's per-token output (ColBERT)
 
 
 def _json(path: Path, kind: type[dict[str, Any]] | type[list[Any]] = dict) -> Any:
@@ -121,6 +122,7 @@ def read_export(folder: Path) -> Export:
     classifier = _classifier(model_config, outputs)
     sparse = "logits" in outputs and _is(model_config, "ForMaskedLM")
     tagger = "logits" in outputs and _is(model_config, "ForTokenClassification")
+    colbert = _late_interaction(folder, outputs)
     return Export(
         onnx_path,
         _external_files(graph, onnx_path.parent),
@@ -130,22 +132,36 @@ def read_export(folder: Path) -> Export:
         vocab_size,
         int(model_config.get("pad_token_id") or 0),  # (RoBERTa's is 1)
         _max_length(folder, model_config),
-        None if classifier or sparse or tagger else _embedding(folder, outputs, notes),
+        None if classifier or sparse or tagger or colbert else _embedding(folder, outputs, notes),
         notes,
         classifier,
         sparse,
         _labels(model_config) if tagger else None,
         _prompts(folder),
+        colbert,
     )
 
 
-def _prompts(folder: Path) -> dict[str, str] | None:
-    """config_sentence_transformers.json's named prompts (e5's query = 'query: '), if any."""
-    prompts = _json(folder / "config_sentence_transformers.json").get("prompts")
-    if not isinstance(prompts, dict):
+def _late_interaction(folder: Path, outputs: list[str]) -> str | None:
+    """The one output of a late-interaction export (ColBERT as PyLate writes it: a module
+    list of a Transformer and a Dense projection, no pooling), or None for any other."""
+    modules = [m for m in _json(folder / "modules.json", list) if isinstance(m, dict)]
+    kinds = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules]
+    if kinds[:1] != ["Transformer"] or "Dense" not in kinds or "Pooling" in kinds:
         return None
-    named = {str(k): v for k, v in prompts.items() if isinstance(v, str) and v}
-    return named or None
+    return outputs[0] if len(outputs) == 1 else None
+
+
+def _prompts(folder: Path) -> dict[str, str] | None:
+    """config_sentence_transformers.json's named prompts (e5's query = 'query: '), or
+    PyLate's query and document prefixes, if any."""
+    config = _json(folder / "config_sentence_transformers.json")
+    prompts = config.get("prompts")
+    named = {str(k): v for k, v in prompts.items()} if isinstance(prompts, dict) else {}
+    for kind in ("query", "document"):
+        named.setdefault(kind, config.get(f"{kind}_prefix"))
+    found = {name: text for name, text in named.items() if isinstance(text, str) and text}
+    return found or None
 
 
 def _is(model_config: dict[str, Any], kind: str) -> bool:
@@ -293,6 +309,8 @@ def config_text(export: Export, source: Path) -> str:
             for k, v in export.prompts.items()
         ]
         lines.append("")
+    if export.multi_vector is not None:  # (ColBERT's vectors are normalised)
+        lines += ["[multi_vector]", f'output = "{export.multi_vector}"', "normalize = true", ""]
     if export.token_labels is not None:
         lines += ["[token_classifier]", 'output = "logits"']
         lines += [f"labels = {_toml(export.token_labels)}", ""]
