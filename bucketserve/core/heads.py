@@ -2,14 +2,15 @@
 engine inside the one core call, so that no route post-processes what the core returned. A
 route asks for a head in its `Call`; the head says which outputs it reads (and refuses a model
 that cannot do its task) before anything is admitted, then answers each sequence from its
-outputs, already cut to the sequence's own length. Imports the model and its embedding rule.
+outputs, already cut to the sequence's own length. Imports the model and its rules.
 
-`Embed`: pooling, normalising and cutting to `dimensions`, by the model's `[embedding]` rule.
-`Classify`: each label's score, by the model's `[classifier]` rule; `ClassifyTokens`: each
-token's, by its `[token_classifier]`. `Rerank`: a (query,
-document) pair's relevance, by the same rule's rerank label. `Sparse`: a text's weight for
-each vocabulary entry it touches, by the `[sparse]` rule. `EmbedAll`: one vector per token,
-by the `[multi_vector]` rule (or the embedding's per-token output, as it is).
+- `Embed`: pooling, normalising and cutting to `dimensions`, by the model's `[embedding]`.
+- `Classify`: each label's score, by its `[classifier]`; `Rerank`: a (query, document) pair's
+  relevance, that classifier's `rerank_label`'s score.
+- `ClassifyTokens`: each token's score for every label, by its `[token_classifier]`.
+- `Sparse`: a text's weight for each vocabulary entry it touches, by its `[sparse]`.
+- `EmbedAll`: one vector per token, by its `[multi_vector]` (or its per-token embedding
+  output, as it is).
 """
 
 from __future__ import annotations

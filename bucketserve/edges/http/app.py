@@ -1,7 +1,8 @@
 """The FastAPI application factory: wiring only. The routes live beside it (`predict`,
-`kserve_routes`, `openai_api`, `contract`), and so do the middleware (`context`, and `guard`
-when the server has an API key); errors are answered here, as `edges.failures` rules for both
-protocols, in the form of the route they came in on (`common.error_body`).
+`kserve_routes`, `openai_api`, `tasks`, `cohere_api`, `contract`), and so do the middleware
+(`context`, and `guard` when the server has an API key); errors are answered here, as
+`edges.failures` rules for both protocols, in the form of the route they came in on
+(`common.error_body`).
 
 `create_app(engine, control, metrics, keys)`: the app serves what the process (or a test)
 built and runs; it loads nothing and starts nothing. Imports the routes beside it, the core's
