@@ -159,6 +159,23 @@ def test_text_as_bytes_raw_and_typed_matches_predict_text(server: tuple[str, str
             np.testing.assert_allclose(hidden[row, : len(steps)], steps, atol=1e-6)
 
 
+def test_text_truncation_as_triton_parameters(server: tuple[str, str]) -> None:
+    """A text longer than the model takes: `truncation_direction` left keeps its end, as
+    /predict's text does; `truncate` false refuses it (INVALID_ARGUMENT, naming the length)."""
+    url, address = server
+    long = " ".join(texts(40, seed=14))
+    body = {"model": "st", "text": [long], "truncation_direction": "left"}
+    predicted = httpx.post(f"{url}/predict", json=body).json()["outputs"][0]
+    client = grpcclient.InferenceServerClient(address)
+    strings = grpcclient.InferInput("text", [1], "BYTES")
+    strings.set_data_from_numpy(np.array([long.encode()], object))
+    left = client.infer("st", [strings], parameters={"truncation_direction": "left"})
+    steps = np.asarray(predicted["last_hidden_state"])
+    np.testing.assert_allclose(left.as_numpy("last_hidden_state")[0], steps, atol=1e-6)
+    with pytest.raises(InferenceServerException, match="longer than the model takes"):
+        client.infer("st", [strings], parameters={"truncate": False})
+
+
 def raw_stub(address: str) -> object:
     return service_pb2_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(address))
 

@@ -413,6 +413,16 @@ async def test_truncation_on_the_embeddings_and_predict_routes(client: httpx.Asy
         json={"model": "embedder", "text": [text], "truncation_direction": "left"},
     )
     assert cut.status_code == 200, cut.text
+    # KServe v2's text, cut as Triton's request parameters say
+    v2 = {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": [text]}]}
+    path = "/v2/models/embedder/infer"
+    refused = await client.post(path, json=v2 | {"parameters": {"truncate": False}})
+    assert refused.status_code == 422, refused.text
+    left = await client.post(path, json=v2 | {"parameters": {"truncation_direction": "left"}})
+    assert left.status_code == 200, left.text
+    (hidden,) = [o for o in left.json()["outputs"] if o["name"] == "last_hidden_state"]
+    want = np.asarray(cut.json()["outputs"][0]["last_hidden_state"])
+    np.testing.assert_allclose(np.reshape(hidden["data"], hidden["shape"])[0], want, atol=1e-6)
 
 
 async def test_coheres_sdk_embeds_with_the_prompt_of_its_input_type(

@@ -31,7 +31,7 @@ import numpy as np
 from bucketserve.core.calls import OFF_LOOP_BYTES, Answer, Call, TextPairs, Texts
 from bucketserve.core.engine import Engine
 from bucketserve.core.layout import FILLED, Input, InputRole, Tensor
-from bucketserve.core.model import Model
+from bucketserve.core.model import TRUNCATE, Model, Truncation
 from bucketserve.edges.tensors import (
     DATATYPE_OF,
     TEXT,
@@ -54,12 +54,17 @@ class Unsigned(int):
 
 # Triton's request parameters, with the types it reads them as: `timeout` in microseconds (an
 # int64; 0, its default: none of the request's own), `priority` (accepted; every request is
-# equal here), `binary_data_output` (HTTP: outputs as binary unless named otherwise).
+# equal here), `binary_data_output` (HTTP: outputs as binary unless named otherwise); and for
+# `text`, as every text route takes them, `truncate` (default true) and `truncation_direction`
+# (right or left).
 PARAMETERS: dict[str, tuple[type, ...]] = {
     "timeout": (int,),
     "priority": (int, Unsigned),
     "binary_data_output": (bool,),
+    "truncate": (bool,),
+    "truncation_direction": (str,),
 }
+DIRECTIONS = ("right", "left")
 CLIENT_INPUTS = (  # what a client sends; states and the like are the server's to fill
     InputRole.TOKENS,
     InputRole.FEATURES,
@@ -79,6 +84,7 @@ class V2Request:
     outputs: tuple[str, ...] | None = None  # None: all of them
     id: str | None = None
     timeout_ms: float | None = None  # Triton's `timeout` parameter, in ms
+    truncation: Truncation = TRUNCATE  # how a `text` longer than the model takes is cut
 
 
 def timeout_ms(parameters: Mapping[str, object]) -> float | None:
@@ -91,13 +97,23 @@ def timeout_ms(parameters: Mapping[str, object]) -> float | None:
                 f"parameter {quoted(key)} is not supported (use {', '.join(PARAMETERS)})"
             )
         if type(value) not in kinds:
-            raise MalformedRequest(
-                f"parameter {key}: expected {'a bool' if bool in kinds else 'an int64'}"
-            )
+            kind = "a bool" if bool in kinds else "a string" if str in kinds else "an int64"
+            raise MalformedRequest(f"parameter {key}: expected {kind}")
         if isinstance(value, int) and not isinstance(value, bool) and value < 0:
             raise MalformedRequest(f"parameter {key}: expected 0 or more")
     timeout = parameters.get("timeout")
     return timeout / 1000 if isinstance(timeout, int) and timeout else None
+
+
+def truncation(parameters: Mapping[str, object]) -> Truncation:
+    """How a `text` longer than the model takes is cut, by the request's parameters (their
+    types checked by `timeout_ms`)."""
+    direction = parameters.get("truncation_direction", "right")
+    if direction not in DIRECTIONS:
+        raise MalformedRequest(
+            f"parameter truncation_direction: expected {' or '.join(DIRECTIONS)}"
+        )
+    return Truncation(parameters.get("truncate") is not False, direction == "left")
 
 
 def _integers(given: np.ndarray, name: str, rows: int) -> np.ndarray:
@@ -173,6 +189,7 @@ class TensorInputs:
     sequence."""
 
     tensors: tuple[WireTensor, ...]
+    truncation: Truncation = TRUNCATE  # how a `text` is cut
 
     def __post_init__(self) -> None:
         names = [wire.name for wire in self.tensors]
@@ -253,8 +270,8 @@ class TensorInputs:
         pairs = model.info.classifier is not None  # (a model that reads pairs of texts)
         rows = tensor_texts(text, (1, 2) if pairs else (1,))
         if len(rows[0]) == 2:
-            return TextPairs([(a, b) for a, b in rows]).sequences(model)
-        return Texts([row[0] for row in rows]).sequences(model)
+            return TextPairs([(a, b) for a, b in rows], self.truncation).sequences(model)
+        return Texts([row[0] for row in rows], self.truncation).sequences(model)
 
 
 def _expected(model: Model, name: str) -> Tensor | None:
@@ -305,7 +322,7 @@ async def infer(
     """One v2 request through the core: its answer, and its outputs as tensors. The deadline
     is the soonest of Triton's `timeout` and the protocol's own (`timeouts_ms`)."""
     given = [t for t in (request.timeout_ms, *timeouts_ms) if t is not None]
-    inputs = TensorInputs(request.inputs)
+    inputs = TensorInputs(request.inputs, request.truncation)
     call = Call(
         inputs,
         request.model,

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from bucketserve.edges.kserve import Unsigned, V2Request, timeout_ms
+from bucketserve.edges.kserve import Unsigned, V2Request, timeout_ms, truncation
 from bucketserve.edges.tensors import DATATYPES, WireTensor
 from bucketserve.errors import InvalidInput, MalformedRequest, quoted
 
@@ -71,11 +71,13 @@ def decode_request(request: Any) -> V2Request:
         inputs.append(replace(wire, values=values))
     for output in request.outputs:
         _no_parameters(f"output {quoted(output.name)}", output.parameters)
+    parameters = parameter_values(request.parameters)
     return V2Request(
         request.model_name,
         request.model_version or None,
         tuple(inputs),
         tuple(out.name for out in request.outputs) or None,
         request.id or None,
-        timeout_ms(parameter_values(request.parameters)),
+        timeout_ms(parameters),
+        truncation(parameters),
     )

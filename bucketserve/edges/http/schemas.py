@@ -8,7 +8,7 @@ contract and the parser are one.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
@@ -110,6 +110,12 @@ class RequestParameters(Strict):
         "default) sets none of its own",
     )
     priority: Count | None = Field(None, description="accepted and ignored")
+    truncate: bool | None = Field(
+        None, description="`text`: cut one longer than the model takes (default), or refuse it"
+    )
+    truncation_direction: Literal["right", "left"] | None = Field(
+        None, description="`text`: where one is cut, its end (right) or its start (left)"
+    )
 
 
 class InferRequest(Strict):
