@@ -1,9 +1,8 @@
 """What a model's classification head is: which output holds one row of logits per sequence
 (or, for a token classifier, per token), the labels' names, how logits become scores, and
 which label's score is a pair's relevance for a cross-encoder that reranks. Read from the
-config's `[classifier]` and `[token_classifier]` at load; applied by the `Classify`,
-`ClassifyTokens` and `Rerank` heads (`heads`) inside the core call. Imports nothing of the
-server's.
+config's `[classifier]` and `[token_classifier]` at load; applied by the `Classify` and
+`Rerank` heads (`heads`) inside the core call. Imports nothing of the server's.
 """
 
 from __future__ import annotations

@@ -5,9 +5,9 @@ that cannot do its task) before anything is admitted, then answers each sequence
 outputs, already cut to the sequence's own length. Imports the model and its rules.
 
 - `Embed`: pooling, normalising and cutting to `dimensions`, by the model's `[embedding]`.
-- `Classify`: each label's score, by its `[classifier]`; `Rerank`: a (query, document) pair's
-  relevance, that classifier's `rerank_label`'s score.
-- `ClassifyTokens`: each token's score for every label, by its `[token_classifier]`.
+- `Classify`: each label's score, by its `[classifier]` (or, for each token, by its
+  `[token_classifier]`); `Rerank`: a (query, document) pair's relevance, that classifier's
+  `rerank_label`'s score.
 - `Sparse`: a text's weight for each vocabulary entry it touches, by its `[sparse]`.
 - `EmbedAll`: one vector per token, by its `[multi_vector]` (or its per-token embedding
   output, as it is).
@@ -72,29 +72,20 @@ def embedding_rule(model: Model) -> Embedding:
 
 @dataclass(frozen=True)
 class Classify:
-    """Each label's score for a text (or a pair), by the model's classifier; `raw`: logits."""
+    """Each label's score for a text (or a pair), by the model's classifier; `tokens`: for
+    each of its tokens, by its token classifier; `raw`: the logits."""
 
     raw: bool = False
+    tokens: bool = False
+
+    def rule(self, model: Model) -> Classifier:
+        return token_classifier_rule(model) if self.tokens else classifier_rule(model)
 
     def outputs(self, model: Model) -> tuple[str, ...]:
-        return (classifier_rule(model).output,)
+        return (self.rule(model).output,)
 
     def answer(self, model: Model, outputs: Outputs, sequence: np.ndarray) -> Outputs:
-        rule = classifier_rule(model)
-        return {SCORES: rule.scores(outputs[rule.output], self.raw)}
-
-
-@dataclass(frozen=True)
-class ClassifyTokens:
-    """Each token's score for every label, by the model's token classifier; `raw`: logits."""
-
-    raw: bool = False
-
-    def outputs(self, model: Model) -> tuple[str, ...]:
-        return (token_classifier_rule(model).output,)
-
-    def answer(self, model: Model, outputs: Outputs, sequence: np.ndarray) -> Outputs:
-        rule = token_classifier_rule(model)
+        rule = self.rule(model)
         return {SCORES: rule.scores(outputs[rule.output], self.raw)}
 
 

@@ -300,11 +300,10 @@ class Model:
         """Each text's tokens as the model's tokenizer makes them (cut to its length): id, the
         text it covers (a special token's own), whether it is special, its character span,
         and the token's own string (`piece`: a WordPiece continuation's "##s")."""
-        chars = self.info.text_chars
         encodings = self._encodings(texts, truncation, special)
-        return [
+        return [  # (spans lie within the characters the text was cut to)
             [
-                {"id": i, "text": piece if mark else text[:chars][a:b], "special": bool(mark)}
+                {"id": i, "text": piece if mark else text[a:b], "special": bool(mark)}
                 | ({} if mark else {"start": a, "stop": b})
                 | {"piece": piece}
                 for i, piece, mark, (a, b) in zip(

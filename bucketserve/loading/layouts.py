@@ -1,8 +1,8 @@
 """From a spec, what the request path will read: the layout of every tensor (roles, dtypes,
 batch and time axes, each output's steps; what the dim names leave open found by running the
 model, `probe`), the rules one valid sequence follows (vocabulary, reserved ids, the shape of
-a step, the shortest length), and the embedding and classifier rules, checked against the
-layout.
+a step, the shortest length), and the task heads' rules (embedding, classifiers, sparse
+weights, vectors per token), each checked against the output it reads.
 """
 
 from __future__ import annotations
@@ -154,11 +154,7 @@ def classifier_of(spec: ModelSpec, layout: Layout) -> Classifier | None:
     width = row[0] if row else 1
     if width is None:
         raise field("classifier.output", f"output {tensor.name} leaves its width free")
-    labels = config.labels or [f"LABEL_{i}" for i in range(width)]
-    if len(labels) != width:
-        raise field(
-            "classifier.labels", f"{len(labels)} labels for output {tensor.name}'s {width} logits"
-        )
+    labels = _labels(spec, "classifier", config.labels, config.output, width)
     if config.rerank_label is not None and config.rerank_label >= width:
         raise field(
             "classifier.rerank_label", f"{config.rerank_label}: the labels are 0 to {width - 1}"
@@ -167,9 +163,26 @@ def classifier_of(spec: ModelSpec, layout: Layout) -> Classifier | None:
         activation = Activation(config.activation)
     else:
         activation = Activation.SIGMOID if width == 1 else Activation.SOFTMAX
+    return Classifier(config.output, labels, activation, config.rerank_label)
+
+
+def _labels(
+    spec: ModelSpec, section: str, given: list[str] | None, output: str, width: int
+) -> tuple[str, ...]:
+    """A classifier's labels, one a logit (LABEL_0... unless named); ConfigError otherwise,
+    or when the model takes no text."""
+    labels = given or [f"LABEL_{i}" for i in range(width)]
+    if len(labels) != width:
+        raise ConfigError.at(
+            spec.onnx_path,
+            f"{section}.labels",
+            f"{len(labels)} labels for output {output}'s {width} logits",
+        )
     if spec.config.tokenizer is None:
-        raise field("classifier", "a classifier reads texts: name the model's [tokenizer]")
-    return Classifier(config.output, tuple(labels), activation, config.rerank_label)
+        raise ConfigError.at(
+            spec.onnx_path, section, "it reads texts: name the model's [tokenizer]"
+        )
+    return tuple(labels)
 
 
 def _per_token_row(spec: ModelSpec, layout: Layout, section: str, output: str) -> int | None:
@@ -236,15 +249,5 @@ def token_classifier_of(spec: ModelSpec, layout: Layout) -> Classifier | None:
             "token_classifier.output",
             f"output {config.output} gives one number per token, not a row of logits",
         )
-    labels = config.labels or [f"LABEL_{i}" for i in range(width)]
-    if len(labels) != width:
-        raise ConfigError.at(
-            spec.onnx_path,
-            "token_classifier.labels",
-            f"{len(labels)} labels for output {config.output}'s {width} logits per token",
-        )
-    if spec.config.tokenizer is None:
-        raise ConfigError.at(
-            spec.onnx_path, "token_classifier", "it reads texts: name the model's [tokenizer]"
-        )
-    return Classifier(config.output, tuple(labels), Activation(config.activation))
+    labels = _labels(spec, "token_classifier", config.labels, config.output, width)
+    return Classifier(config.output, labels, Activation(config.activation))

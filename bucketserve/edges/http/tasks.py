@@ -6,8 +6,9 @@
   head; answered sorted by relevance.
 - `POST /classify` (text-embeddings-inference's `/predict` body): a text, a pair, or a batch
   of them; each label's score by the `Classify` head, best first.
-- `POST /classify_tokens`: each text's entities (a tagger's, NER's) by the `ClassifyTokens`
-  head, as Hugging Face's token-classification pipeline gives them (`core.entities`).
+- `POST /classify_tokens`: each text's entities (a tagger's, NER's) by the `Classify` head
+  for each token, as Hugging Face's token-classification pipeline gives them
+  (`core.entities`).
 - `POST /embed_sparse` and `POST /embed_all` (text-embeddings-inference's): a text's sparse
   weights by the `Sparse` head, its vector per token by the `EmbedAll` head.
 - `POST /tokenize` and `POST /decode`: the model's own tokenizer, with no model run.
@@ -38,7 +39,6 @@ from bucketserve.core.heads import (
     VALUES,
     VECTORS,
     Classify,
-    ClassifyTokens,
     EmbedAll,
     Rerank,
     Sparse,
@@ -261,7 +261,7 @@ async def classify_tokens(request: Request) -> Response:
     if body.prompt_name is not None:  # (each entity's span is in the text as sent)
         raise InvalidInput("prompt_name: a tagger reads the texts as sent", param="prompt_name")
     name = model_for(engine_of(request), body.model, "classify_tokens")
-    answer = await run(request, body.inputs_of_texts, name, ClassifyTokens())
+    answer = await run(request, body.inputs_of_texts, name, Classify(tokens=True))
     model: Model = answer.model
     # each token's span and string, tokenised as the call's texts were (off the loop if long)
     tokenise = functools.partial(model.tokens, body.texts, truncation=body.truncation)
