@@ -1,5 +1,6 @@
 """What every route shares: reading a bounded body of an accepted type, JSON in and out, large
-bodies decoded off the event loop, the request's own deadline header, its id, disconnects."""
+bodies decoded off the event loop, the request's own deadline header, its id (`call_of`: the
+call every route hands the engine), disconnects."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from fastapi import Request, Response
 from starlette.requests import ClientDisconnect
 
 from bucketserve.control import Control
-from bucketserve.core.calls import OFF_LOOP_BYTES
+from bucketserve.core.calls import OFF_LOOP_BYTES, Call, Inputs
 from bucketserve.core.engine import Engine
 from bucketserve.errors import (
     BucketserveError,
@@ -204,6 +205,18 @@ def error_response(error: BucketserveError, path: str) -> Response:
     Retry-After when the client should retry."""
     headers = {"Retry-After": str(error.retry_after_s)} if isinstance(error, Unavailable) else None
     return json_response(error_body(error, path), error.status, headers)
+
+
+def call_of(request: Request, inputs: Inputs, model: str | None, **given: Any) -> Call:
+    """The call a route hands the engine: `inputs` for `model`, with `given` fields, and the
+    request's deadline and id."""
+    return Call(
+        inputs,
+        model,
+        timeout_ms=request_timeout_ms(request),
+        request_id=request_id(request),
+        **given,
+    )
 
 
 def request_timeout_ms(request: Request) -> float | None:

@@ -20,19 +20,18 @@ import numpy as np
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError
 
-from bucketserve.core.calls import Call, Inputs, Sequences, Texts
+from bucketserve.core.calls import Inputs, Sequences, Texts
 from bucketserve.core.heads import EMBEDDING, Embed
 from bucketserve.core.model import Model, Truncation
 from bucketserve.edges.http.common import (
     JSON,
     TIMEOUT_PARAMETER,
+    call_of,
     engine_of,
     json_response,
     off_loop,
     parse_json,
     read_body,
-    request_id,
-    request_timeout_ms,
     unless_client_leaves,
 )
 from bucketserve.edges.http.schemas import WHY, Integer, Positive, inlined, is_integer
@@ -223,13 +222,8 @@ async def embeddings(request: Request) -> Response:
     raw = await read_body(request, engine.settings.max_body_bytes)
     limits = engine.settings
     body = await off_loop(parse_embeddings, raw, limits.max_request_tokens, limits.max_sequences)
-    call = Call(
-        inputs_of(body, len(raw), engine.settings.openai_token_ids),
-        body.model,
-        timeout_ms=request_timeout_ms(request),
-        request_id=request_id(request),
-        head=Embed(body.dimensions),
-    )
+    inputs = inputs_of(body, len(raw), engine.settings.openai_token_ids)
+    call = call_of(request, inputs, body.model, head=Embed(body.dimensions))
     with blamed("input"):  # (unless the error names its own field: model, dimensions)
         answer = await unless_client_leaves(request, engine.infer(call))
     vectors = [encoded(out[EMBEDDING], body.encoding_format) for out in answer.outputs]

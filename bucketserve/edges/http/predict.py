@@ -3,23 +3,23 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from bucketserve.core.calls import Call, Inputs, Sequences, Texts
+from bucketserve.core.calls import Inputs, Sequences, Texts
 from bucketserve.core.model import Truncation
 from bucketserve.edges.http.common import (
     JSON,
     TIMEOUT_PARAMETER,
+    call_of,
     engine_of,
     json_response,
     off_loop,
     parse_json,
     read_body,
-    request_id,
-    request_timeout_ms,
     unless_client_leaves,
 )
 from bucketserve.edges.http.schemas import errors, inlined
@@ -67,9 +67,16 @@ class PredictResponse(BaseModel):
     outputs: list[dict[str, Any]] = Field(description="one per input sequence, in order")
 
 
-def parse_predict(
-    raw: bytes, steps: int, values: int | None = None
-) -> tuple[str | None, Inputs, tuple[str, ...] | None]:
+@dataclass(frozen=True)
+class Predict:
+    """A /predict body, read."""
+
+    model: str | None
+    inputs: Inputs
+    outputs: tuple[str, ...] | None
+
+
+def parse_predict(raw: bytes, steps: int, values: int | None = None) -> Predict:
     """The body's model, inputs and outputs, every mistake of its form named before the core
     takes it (what the model makes of them, the core decides). `steps`, `values`: what
     `parse_json` bounds the JSON by."""
@@ -103,10 +110,10 @@ def parse_predict(
     if field == "text":
         if not all(isinstance(t, str) for t in items):
             raise InvalidInput("'text' must be a list of strings")
-        return name, Texts(items, Truncation(truncate, direction == "left")), wanted
+        return Predict(name, Texts(items, Truncation(truncate, direction == "left")), wanted)
     if {"truncate", "truncation_direction"} & set(body):
         raise InvalidInput("'truncate' and 'truncation_direction' apply to 'text'")
-    return name, Sequences(items, len(raw)), wanted
+    return Predict(name, Sequences(items, len(raw)), wanted)
 
 
 @router.post(
@@ -131,7 +138,7 @@ async def predict(request: Request) -> Response:
     widest = max((math.prod(m.info.rules.step_shape) for m in engine.registry.models.values()),
                  default=1)  # fmt: skip
     values = steps * widest + limits.max_sequences
-    name, inputs, outputs = await off_loop(parse_predict, raw, steps, values)
-    call = Call(inputs, name, None, outputs, request_timeout_ms(request), request_id(request))
+    body = await off_loop(parse_predict, raw, steps, values)
+    call = call_of(request, body.inputs, body.model, outputs=body.outputs)
     answer = await unless_client_leaves(request, engine.infer(call))
     return json_response({"model": answer.model.name, "outputs": answer.outputs})

@@ -10,18 +10,17 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from bucketserve.core.calls import Answer, Call, Inputs
+from bucketserve.core.calls import Answer, Inputs
 from bucketserve.core.engine import Engine
 from bucketserve.core.heads import Head
 from bucketserve.edges.http.common import (
     JSON,
     TIMEOUT_PARAMETER,
+    call_of,
     engine_of,
     off_loop,
     parse_json,
     read_body,
-    request_id,
-    request_timeout_ms,
     unless_client_leaves,
 )
 from bucketserve.edges.http.schemas import Strict, errors, inlined, validate
@@ -58,15 +57,8 @@ def model_for(engine: Engine, name: str | None, task: str) -> str | None:
 
 async def run(request: Request, inputs: Inputs, name: str | None, head: Head) -> Answer:
     """The task's call, through the engine like every other route's."""
-    engine = engine_of(request)
-    call = Call(
-        inputs,
-        name,
-        timeout_ms=request_timeout_ms(request),
-        request_id=request_id(request),
-        head=head,
-    )
-    return await unless_client_leaves(request, engine.infer(call))
+    call = call_of(request, inputs, name, head=head)
+    return await unless_client_leaves(request, engine_of(request).infer(call))
 
 
 async def body_of(request: Request, schema: type[Strict]) -> Any:
