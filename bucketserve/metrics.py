@@ -1,9 +1,11 @@
 """Prometheus metrics: one object records everything, so no endpoint keeps a copy of the logic.
 
 HTTP requests are recorded by the request-context middleware; admissions, rejections, batches,
-drops and queue depth by the scheduler (its `Observer`); what load found about each model (its
-policy and the invariance check's figures) by the engine at start.
-Label values are bounded: `bucket` is always one of a model's configured edges.
+drops, queue depth and each sequence's wait by priority level and tenant by the scheduler (its
+`Observer`); what load found about each model (its policy and the invariance check's figures)
+and the result cache's hits by the engine.
+Label values are bounded: `bucket` is always one of a model's configured edges, `priority` one
+of the server's levels, `tenant` one the operator named (any other is `other`).
 """
 
 from __future__ import annotations
@@ -34,9 +36,15 @@ BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 128)
 LENGTH_BUCKETS = (*range(4, 64, 4), *range(64, 128, 8), *range(128, 257, 16), 320, 384, 448, 512)
 
 
+NO_TENANT = "none"  # the label of requests without a tenant (tenancy off)
+OTHER_TENANT = "other"  # of a tenant the operator did not name
+
+
 class Metrics:
-    def __init__(self) -> None:
+    def __init__(self, tenants: Collection[str] = ()) -> None:
+        """`tenants`: those labelled by name (the key file's, --tenant-weights')."""
         self.registry = CollectorRegistry()
+        self.tenants = frozenset(tenants)
         self._info_labels: dict[tuple[str, int], tuple[str, str, str, str]] = {}
         r = self.registry
         self.requests = Counter(
@@ -138,6 +146,56 @@ class Metrics:
             ["model"],
             registry=r,
         )
+        self.class_queue_seconds = Histogram(
+            "bucketserve_class_queue_seconds",
+            "time a sequence waited, by its priority level and tenant",
+            ["model", "priority", "tenant"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.class_tokens = Counter(
+            "bucketserve_class_tokens",
+            "tokens served (real, not padding), by priority level and tenant",
+            ["model", "priority", "tenant"],
+            registry=r,
+        )
+        self.class_rejected = Counter(
+            "bucketserve_class_rejected",
+            "requests refused before queueing, by priority level, tenant and reason "
+            "(tenant_share: the tenant held its share of a contended queue)",
+            ["priority", "tenant", "reason"],
+            registry=r,
+        )
+        self.cache_hits = Counter(
+            "bucketserve_result_cache_hits",
+            "sequences answered from the exact result cache",
+            ["model"],
+            registry=r,
+        )
+        self.cache_misses = Counter(
+            "bucketserve_result_cache_misses",
+            "sequences the exact result cache did not hold (then run)",
+            ["model"],
+            registry=r,
+        )
+        self.shared_sequences = Counter(
+            "bucketserve_shared_sequences",
+            "sequences answered by an identical one's run, queued or running at once",
+            ["model"],
+            registry=r,
+        )
+        self.saved_tokens = Counter(
+            "bucketserve_result_cache_saved_tokens",
+            "tokens not run: answered from the cache, or by an identical sequence's run",
+            ["model"],
+            registry=r,
+        )
+        self.cache_bytes = Gauge(
+            "bucketserve_result_cache_bytes",
+            "bytes the exact result cache holds (keys included), by model version",
+            ["model", "version"],
+            registry=r,
+        )
         self._tokens: dict[tuple[str, str], list[int]] = {}
 
     def render(self) -> bytes:
@@ -171,6 +229,8 @@ class Metrics:
             labels = self._info_labels.pop((model, version), None)
             if labels is not None:
                 self.model_info.remove(*labels)
+            with contextlib.suppress(KeyError):
+                self.cache_bytes.remove(model, str(version))
         if not served:
             for gauge, extra in ((self.bound_keys, ()), (self.batching_tolerance, ())):
                 with contextlib.suppress(KeyError):
@@ -215,5 +275,29 @@ class Metrics:
         """Read at every scrape, so keys bound later (lazily) are counted too."""
         self.bound_keys.labels(model).set_function(count)
 
-    def reject(self, reason: str) -> None:
+    def reject(self, reason: str, level: int = 0, tenant: str = "") -> None:
         self.rejected.labels(reason).inc()
+        self.class_rejected.labels(str(level), self._tenant(tenant), reason).inc()
+
+    def served(self, model: str, level: int, tenant: str, wait_s: float, tokens: int) -> None:
+        label = self._tenant(tenant)
+        self.class_queue_seconds.labels(model, str(level), label).observe(wait_s)
+        self.class_tokens.labels(model, str(level), label).inc(tokens)
+
+    def shared(self, model: str, count: int, tokens: int) -> None:
+        self.shared_sequences.labels(model).inc(count)
+        self.saved_tokens.labels(model).inc(tokens)
+
+    def cache_looked_up(self, model: str, hits: int, misses: int, saved_tokens: int) -> None:
+        self.cache_hits.labels(model).inc(hits)
+        self.cache_misses.labels(model).inc(misses)
+        self.saved_tokens.labels(model).inc(saved_tokens)
+
+    def watch_cache(self, model: str, version: int, size: Callable[[], int]) -> None:
+        """Read at every scrape: the bytes a model version's cache holds now."""
+        self.cache_bytes.labels(model, str(version)).set_function(size)
+
+    def _tenant(self, tenant: str) -> str:
+        if not tenant:
+            return NO_TENANT
+        return tenant if tenant in self.tenants else OTHER_TENANT

@@ -7,6 +7,7 @@ text is the CLI's `--help`.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 from collections.abc import Mapping
@@ -185,6 +186,47 @@ class Settings:
             "rotate by adding the new key, then removing the old"
         },
     )
+    priority_levels: int = field(
+        default=3,
+        metadata={
+            "help": "priority levels a request may ask for, 1 (first) to this (`priority` in "
+            "a body or v2's parameters, X-Priority over HTTP, x-priority gRPC metadata); "
+            "1 makes every request equal"
+        },
+    )
+    default_priority: int = field(
+        default=2,
+        metadata={"help": "the level of a request that asks for none (or for 0, as Triton's)"},
+    )
+    max_overtakes: int = field(
+        default=16,
+        metadata={
+            "help": "how often a waiting sequence may be passed over for a better level; then "
+            "it goes first, so bulk work always moves"
+        },
+    )
+    tenant_header: str | None = field(
+        default=None,
+        metadata={
+            "help": "the header (gRPC: metadata) naming a request's tenant, set by a gateway "
+            "you trust (default: the API key's name, as --api-key-file gives it)"
+        },
+    )
+    tenant_weights: str | None = field(
+        default=None,
+        metadata={
+            "help": "tenants' weights, e.g. search=4,indexer=1: each tenant waiting gets this "
+            "part of a contended model's tokens and queue (others weigh 1); named tenants "
+            "are labelled in the metrics, the rest as `other`"
+        },
+    )
+    result_cache_mb: float = field(
+        default=64.0,
+        metadata={
+            "help": "each model version's exact result cache, at most this many MiB (0: off); "
+            "only for models whose check proved batching and padding change no answer"
+        },
+    )
     open_metrics: bool = field(
         default=False,
         metadata={"help": "with an API key: leave /metrics open to scrapers without it"},
@@ -235,6 +277,16 @@ class Settings:
             e.strip().isdigit() for e in self.buckets.split(",")
         ):
             raise ConfigError(f"buckets: expected comma-separated lengths, got {self.buckets!r}")
+        if self.priority_levels < 1 or not 1 <= self.default_priority <= self.priority_levels:
+            raise ConfigError(
+                f"default_priority: {self.default_priority} is not a level of 1 to "
+                f"priority_levels ({self.priority_levels})"
+            )
+        if self.max_overtakes < 0 or self.result_cache_mb < 0:
+            raise ConfigError("max_overtakes and result_cache_mb: must be 0 or more")
+        if self.tenant_header is not None and not _token(self.tenant_header):
+            raise ConfigError(f"tenant_header: {self.tenant_header!r} is not a header name")
+        self.weights()  # (checked now, not at the first request)
         if self.max_batch_size is not None and self.max_batch_size < 1:
             raise ConfigError(f"max_batch_size: must be at least 1, got {self.max_batch_size}")
 
@@ -255,21 +307,43 @@ class Settings:
         object.__setattr__(self, new, given)
         object.__setattr__(self, old, None)
 
-    def api_keys(self) -> tuple[str, ...]:
-        """Every key a request may carry (none: no key is required), read once at start."""
-        keys = [self.api_key] if self.api_key else []
+    def api_keys(self) -> dict[str, str]:
+        """Every key a request may carry, with its tenant's name (none: no key is required),
+        read once at start. A line of the key file is a key, or a name then its key: the
+        name is the tenant (two keys of one name, during a rotation, are one tenant). An
+        unnamed key's tenant is `key-` and the start of its SHA-256, never the key itself."""
+        named = [("", self.api_key)] if self.api_key else []
         if self.api_key_file is not None:
             try:
                 lines = self.api_key_file.read_text(encoding="utf-8").splitlines()
             except (OSError, UnicodeDecodeError) as exc:
                 raise ConfigError(f"api_key_file: {self.api_key_file}: {exc}") from None
-            found = [k.strip() for k in lines if k.strip() and not k.lstrip().startswith("#")]
+            found = [k.split() for k in lines if k.strip() and not k.lstrip().startswith("#")]
             if not found:
                 raise ConfigError(f"api_key_file: {self.api_key_file} holds no key")
-            keys += found
-        if any(not key.isascii() or not key.isprintable() or " " in key for key in keys):
+            if any(len(words) > 2 for words in found):
+                raise ConfigError(
+                    f"api_key_file: {self.api_key_file}: a line is a key, or a name and a key"
+                )
+            named += [("", w[0]) if len(w) == 1 else (w[0], w[1]) for w in found]
+        if any(not key.isascii() or not key.isprintable() or " " in key for _, key in named):
             raise ConfigError("api_key: a key is printable ASCII without spaces")
-        return tuple(keys)
+        return {key: name or unnamed_tenant(key) for name, key in named}
+
+    def weights(self) -> dict[str, float]:
+        """The tenants' weights --tenant-weights names."""
+        weights: dict[str, float] = {}
+        for part in filter(None, (self.tenant_weights or "").split(",")):
+            name, _, weight = part.strip().partition("=")
+            try:
+                weights[name] = float(weight)
+            except ValueError:
+                weights[name] = -1.0
+            if not name or not weights[name] > 0 or weights[name] == float("inf"):
+                raise ConfigError(
+                    f"tenant_weights: {part.strip()!r}: expected name=weight, a positive number"
+                )
+        return weights
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
@@ -282,6 +356,15 @@ class Settings:
                 values[f.name] = parse_value(f.name, str(f.type), raw)
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
+
+
+def unnamed_tenant(key: str) -> str:
+    return "key-" + hashlib.sha256(key.encode()).hexdigest()[:8]
+
+
+def _token(name: str) -> bool:
+    """Whether `name` may be an HTTP header's name (and so gRPC metadata's)."""
+    return bool(name) and all(c.isascii() and (c.isalnum() or c in "-_") for c in name)
 
 
 def env_name(field_name: str) -> str:

@@ -20,9 +20,10 @@ from typing import Protocol
 import numpy as np
 
 
-def encode_post(path: str, body: bytes) -> bytes:
+def encode_post(path: str, body: bytes, headers: dict[str, str] | None = None) -> bytes:
+    extra = "".join(f"{name}: {value}\r\n" for name, value in (headers or {}).items())
     head = (
-        f"POST {path} HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
+        f"POST {path} HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n{extra}"
         f"Content-Length: {len(body)}\r\n\r\n"
     )
     return head.encode() + body

@@ -101,8 +101,10 @@ def fake_model(
     queue_capacity: int = 2048,
     max_queue_delay_ms: float = 0,
     embedding: Embedding | None = None,
+    invariance: Invariance | None = None,
 ) -> tuple[Model, FakeExecutor]:
-    """A ready model over `FakeExecutor`, and the executor (to read or gate its batches)."""
+    """A ready model over `FakeExecutor`, and the executor (to read or gate its batches).
+    `invariance`: what its check found (default: batching and padding move nothing)."""
     plan = BucketPlan(edges, max_batch_size, max_batch_tokens or max_batch_size * edges[-1])
     info = ModelInfo(
         name=name,
@@ -112,7 +114,7 @@ def fake_model(
         rules=SequenceRules(dtype=IDS, max_length=edges[-1], vocab_size=1000),
         max_queue_delay_s=max_queue_delay_ms / 1000,
         queue_capacity=queue_capacity,
-        invariance=Invariance(padding=0.0, batching=0.0, tolerance=1e-4),
+        invariance=invariance or Invariance(padding=0.0, batching=0.0, tolerance=1e-4),
         text_chars=None,
         served_config={"name": name, "version": "1", "strategy": "fake"},
         embedding=embedding,

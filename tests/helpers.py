@@ -105,9 +105,11 @@ async def serving(
     """The app around `engine` (and `control`), wired and running as the process runs them
     (the API keys from the engine's settings), and a client talking to it in-process."""
     settings = engine.settings
-    metrics = Metrics()
     control = control or Control(engine, None)
-    keys = ApiKeys(settings.api_keys(), settings.open_metrics, settings.docs)
+    keys = ApiKeys(
+        settings.api_keys(), settings.open_metrics, settings.docs, settings.tenant_header
+    )
+    metrics = Metrics(keys.tenants | set(settings.weights()))
     app = create_app(engine, control, metrics, keys)
     async with running(engine, control, metrics):
         transport = httpx.ASGITransport(app=app)

@@ -15,7 +15,7 @@ import pytest
 
 from bucketserve.errors import ConfigError
 from bucketserve.loading import load_engine
-from bucketserve.settings import Settings
+from bucketserve.settings import Settings, unnamed_tenant
 from loadtest.process import free_port
 from tests.helpers import copy_bundled, error_of, server_process, serving
 
@@ -131,10 +131,19 @@ def test_keys_from_a_file_for_rotation(tmp_path: Path, models: Path) -> None:
     keys = tmp_path / "keys"
     keys.write_text(f"# the new key, then the old one until clients move\n{KEY}\n\n{OLD_KEY}\n")
     settings = Settings(models=models, api_key_file=keys)
-    assert settings.api_keys() == (KEY, OLD_KEY)
+    assert list(settings.api_keys()) == [KEY, OLD_KEY]
     both = Settings(models=models, api_key="sk-flag", api_key_file=keys)
-    assert both.api_keys() == ("sk-flag", KEY, OLD_KEY)
-    assert Settings.from_env({"BUCKETSERVE_API_KEY": KEY}).api_keys() == (KEY,)
+    assert list(both.api_keys()) == ["sk-flag", KEY, OLD_KEY]
+    assert list(Settings.from_env({"BUCKETSERVE_API_KEY": KEY}).api_keys()) == [KEY]
+    # each unnamed key its own tenant, named by its hash (never the key); a name given in
+    # front of a key names its tenant, so a rotation's two keys are one tenant
+    assert settings.api_keys()[KEY] == unnamed_tenant(KEY) != unnamed_tenant(OLD_KEY)
+    assert KEY not in unnamed_tenant(KEY)
+    keys.write_text(f"search {KEY}\nsearch {OLD_KEY}\nindexer sk-other\n")
+    assert settings.api_keys() == {KEY: "search", OLD_KEY: "search", "sk-other": "indexer"}
+    keys.write_text(f"search {KEY} extra\n")
+    with pytest.raises(ConfigError, match="a name and a key"):
+        settings.api_keys()
     keys.write_text("# nothing here\n")
     with pytest.raises(ConfigError, match="holds no key"):
         settings.api_keys()

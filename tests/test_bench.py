@@ -202,3 +202,28 @@ def test_revisions_measures_a_revision_against_the_tree() -> None:
         ["git", "worktree", "list"], cwd=ROOT, capture_output=True, text=True, check=True
     ).stdout
     assert len(worktrees.strip().splitlines()) == 1
+
+
+def test_the_scheduling_bench_reads_the_server_metrics_as_prometheus_would() -> None:
+    """Its figures come from two scrapes: a counter's growth, summed over the series whose
+    labels match, and a histogram's quantile, interpolated in its buckets."""
+    from loadtest.scheduling_bench import metric, quantile
+
+    before = (
+        'x_bucket{bucket="16",le="0.1",model="m"} 10\n'
+        'x_bucket{bucket="16",le="0.5",model="m"} 10\n'
+        'x_bucket{bucket="16",le="+Inf",model="m"} 10\n'
+        'x_count{bucket="16",model="m"} 10\n'
+        'y_total{tenant="a"} 5\ny_total{tenant="b"} 7\n'
+    )
+    after = (
+        'x_bucket{bucket="16",le="0.1",model="m"} 60\n'
+        'x_bucket{bucket="16",le="0.5",model="m"} 110\n'
+        'x_bucket{bucket="16",le="+Inf",model="m"} 110\n'
+        'x_count{bucket="16",model="m"} 110\n'
+        'y_total{tenant="a"} 9\ny_total{tenant="b"} 8\n'
+    )
+    assert metric(after, "y_total", tenant="a") - metric(before, "y_total", tenant="a") == 4
+    assert metric(after, "y_total") == 17
+    assert quantile(before, after, "x", 0.5) == pytest.approx(0.1)  # 50 of 100 by 0.1 s
+    assert quantile(before, after, "x", 0.75) == pytest.approx(0.3)  # halfway to 0.5 s

@@ -1,5 +1,6 @@
 """The core call is the only way an edge reaches the engine: /predict, KServe v2 over HTTP and
-KServe v2 over gRPC, sent the same sequences, hand the core the same call; a task head is
+KServe v2 over gRPC, sent the same sequences (with a priority and a tenant, each protocol's
+way), hand the core the same call; a task head is
 applied inside that call; and the import contracts keep any edge from reaching past it
 (tests/test_layering.py)."""
 
@@ -39,7 +40,17 @@ class RecordingEngine(Engine):
     async def infer(self, call: Call) -> Answer:
         model = self.model(call.model, call.version)
         sequences = [s.tolist() for s in call.inputs.sequences(model)]
-        self.calls.append((call.model, call.version, call.outputs, call.timeout_ms, sequences))
+        self.calls.append(
+            (
+                call.model,
+                call.version,
+                call.outputs,
+                call.timeout_ms,
+                sequences,
+                call.priority,
+                call.tenant,
+            )
+        )
         return await super().infer(call)
 
 
@@ -51,7 +62,7 @@ def v2_inputs() -> list[dict[str, Any]]:
     ]
 
 
-def grpc_request() -> bytes:
+def grpc_request(priority: bool = True) -> bytes:
     ids, mask = padded(SEQUENCES)
     message = service_pb2.ModelInferRequest(model_name="fake")
     for name, array in (("ids", ids), ("mask", mask)):
@@ -59,6 +70,8 @@ def grpc_request() -> bytes:
         message.raw_input_contents.append(array.tobytes())
     message.outputs.add(name="total")
     message.parameters["timeout"].int64_param = TIMEOUT_MS * 1000  # microseconds
+    if priority:
+        message.parameters["priority"].uint64_param = 1  # as tritonclient sends it
     return bytes(message.SerializeToString())
 
 
@@ -69,33 +82,44 @@ async def test_every_edge_makes_the_same_call_for_the_same_sequences() -> None:
 
     model, _ = fake_model()
     port = free_port()
-    settings = Settings(grpc_port=port)
+    settings = Settings(grpc_port=port, tenant_header="X-Tenant")
     engine = RecordingEngine(Registry({model.name: model}, model.name), settings)
+    keys = ApiKeys((), tenant_header="X-Tenant")
     async with serving(engine) as client:
-        grpc_server = GrpcListener(engine, Control(engine, None), Metrics(), ApiKeys(()))
+        grpc_server = GrpcListener(engine, Control(engine, None), Metrics(), keys)
         await grpc_server.start()
         try:
             predicted = await client.post(
                 "/predict",
                 json={"model": "fake", "sequences": SEQUENCES, "outputs": ["total"]},
-                headers={"X-Request-Timeout-Ms": str(TIMEOUT_MS)},
+                headers={
+                    "X-Request-Timeout-Ms": str(TIMEOUT_MS),
+                    "X-Priority": "1",
+                    "X-Tenant": "search",
+                },
             )
             inferred = await client.post(
                 "/v2/models/fake/infer",
                 json={
                     "inputs": v2_inputs(),
                     "outputs": [{"name": "total"}],
-                    "parameters": {"timeout": TIMEOUT_MS * 1000},
+                    "parameters": {"timeout": TIMEOUT_MS * 1000, "priority": 1},
                 },
+                headers={"X-Tenant": "search"},
             )
             async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
                 method = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
-                answer = service_pb2.ModelInferResponse.FromString(await method(grpc_request()))
+                # Triton's parameter before the metadata; the metadata where it is alone
+                metadata = (("x-tenant", "search"), ("x-priority", "3"))
+                sent = await method(grpc_request(), metadata=metadata)
+                answer = service_pb2.ModelInferResponse.FromString(sent)
+                metadata = (("x-tenant", "search"), ("x-priority", "1"))
+                await method(grpc_request(priority=False), metadata=metadata)
         finally:
             await grpc_server.stop()
 
-    expected = ("fake", None, ("total",), TIMEOUT_MS, SEQUENCES)
-    assert engine.calls == [expected] * 3
+    expected = ("fake", None, ("total",), TIMEOUT_MS, SEQUENCES, 1, "search")
+    assert engine.calls == [expected] * 4
     totals = [sum(s) for s in SEQUENCES]
     assert [o["total"] for o in predicted.json()["outputs"]] == totals
     assert inferred.json()["outputs"][0]["data"] == totals

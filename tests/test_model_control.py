@@ -89,7 +89,12 @@ def models(tmp_path: Path) -> Path:
 
 @pytest.fixture
 async def served(models: Path) -> AsyncIterator[tuple[httpx.AsyncClient, Engine]]:
-    wired = wire(Settings(models=models, model_control="explicit", instances=2))
+    # The result cache off: every request runs the model, as a reload under computing traffic
+    # is what these tests are about (tests/test_scheduling.py has the cache's reload). With it
+    # on, 16 in-process clients sending 4 sequences are all answered from the cache: the
+    # event loop never idles, and the load's thread waits for the GIL at each of its runs.
+    settings = Settings(models=models, model_control="explicit", instances=2, result_cache_mb=0)
+    wired = wire(settings)
     async with serving(wired.engine, wired.control) as client:
         yield client, wired.engine
 

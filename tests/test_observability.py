@@ -62,6 +62,10 @@ def test_every_dashboard_query_names_exported_metrics() -> None:
         "padding",
         "bound keys",
         "rejections",
+        "cache hit rate",
+        "cache bytes",
+        "priority",
+        "tenant",
     ):
         assert topic in titles, topic
 

@@ -41,8 +41,14 @@ class NullObserver:
     def admitted(self, model: str, lengths: Sequence[int]) -> None:
         pass
 
-    def reject(self, reason: str) -> None:
+    def reject(self, reason: str, level: int = 0, tenant: str = "") -> None:
         self.rejected.append(reason)
+
+    def served(self, *args: object) -> None:
+        pass
+
+    def shared(self, *args: object) -> None:
+        pass
 
     def batch_done(self, *args: object) -> None:
         pass

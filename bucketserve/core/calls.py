@@ -2,7 +2,8 @@
 whatever protocol brought it (`Call`), and what the core gives back (`Answer`).
 
 An edge decodes its bytes into a `Call`: which model and version, the inputs, the outputs
-wanted or the task head that answers (`heads`), the client's own deadline, the request's id.
+wanted or the task head that answers (`heads`), the client's own deadline, the request's id,
+its priority level and its tenant.
 `Engine.infer` does the rest. The inputs
 stay as the client sent them until the model is known, then become validated sequences:
 `Sequences` (items as sent: token id lists, or feature steps), `Texts` and `TextPairs`
@@ -148,6 +149,8 @@ class Call:
     timeout_ms: float | None = None  # the client's own deadline; it only shortens the server's
     request_id: str = ""  # said in the log and in a failed batch's answer
     head: Head | None = None  # the task that answers from the outputs (None: the outputs)
+    priority: int | None = None  # its level, 1 first (None or 0: the server's default)
+    tenant: str = ""  # whose share of the model it uses ("" when tenancy is off)
 
 
 @dataclass(frozen=True)

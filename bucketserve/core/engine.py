@@ -6,7 +6,10 @@ A call is decided here, in this order: which model and version (the registry res
 outputs asked for, or what the call's task head reads; how many sequences (too many, or more
 than the queue can take now, is refused before anything is decoded); the sequences, validated
 (tokenised, for texts); the request's token budget; its deadline; then the model's scheduler
-admits them and answers, and the head (if any) turns each sequence's outputs into its answer.
+admits them (at the call's priority level, charged to its tenant) and answers, and the head
+(if any) turns each sequence's outputs into its answer. A model whose check proved its answers
+independent of batching and padding has an exact result cache (`result_cache`): a sequence
+answered before is answered from it, and only the others are admitted.
 
 The engine's one lifecycle state is shared by every scheduler it runs, those started after a
 drain began included: a model that model control loads during a drain admits nothing. A model
@@ -21,16 +24,19 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from bucketserve.core.calls import Answer, Call
+from bucketserve.core.layout import Outputs
 from bucketserve.core.lifecycle import Lifecycle
 from bucketserve.core.model import Model
 from bucketserve.core.registry import Registry
+from bucketserve.core.result_cache import ResultCache, exact_inputs, refused_because
 from bucketserve.core.scheduler import Scheduler
+from bucketserve.core.shares import Shares
 from bucketserve.errors import InvalidInput
 from bucketserve.metrics import Metrics
 from bucketserve.settings import Settings
@@ -48,14 +54,16 @@ class Engine:
         settings: Settings | None = None,
         instances: int = 1,
         tracing: Tracing | None = None,
+        shares: Callable[[], Shares] = Shares,
     ) -> None:
         """Run what `registry` serves (`bucketserve.loading.load_engine` builds it from a
         repository). `instances`: batches of one model that may run at once. `tracing`:
-        where the spans go (default: off)."""
+        where the spans go (default: off). `shares`: each model's tenants' shares, fresh."""
         self.registry = registry
         self.settings = settings or Settings()
         self.instances = instances
         self.tracing = tracing or Tracing()
+        self._shares = shares
         self.lifecycle = Lifecycle()
         self._served: dict[Model, Served] = {}  # every model running, by the model object
         self._metrics: Metrics | None = None
@@ -103,6 +111,7 @@ class Engine:
         metrics = self._metrics
         assert metrics is not None, "run a model while not serving"
         info = model.info
+        cache = None if self.cache_refused(model) else ResultCache(self.cache_bound_bytes)
         scheduler = Scheduler(
             model,
             metrics,
@@ -115,10 +124,15 @@ class Engine:
                 "bucketserve.model_version": str(info.version),
             },
             lifecycle=self.lifecycle,
+            shares=self._shares(),
+            max_overtakes=self.settings.max_overtakes,
+            share_identical=cache is not None,  # (safe exactly where a cache is)
         )
         task = asyncio.create_task(scheduler.run(), name=f"scheduler-{model.name}")
-        self._served[model] = Served(scheduler, task)
+        self._served[model] = Served(scheduler, task, cache)
         metrics.watch_bound_keys(model.name, model.executor.bound_key_count)
+        if cache is not None:
+            metrics.watch_cache(model.name, info.version, lambda: cache.bytes)
         metrics.model_loaded(
             model.name, info.version, model.binding, info.plan.policy.value, info.invariance
         )
@@ -132,6 +146,8 @@ class Engine:
         await served.scheduler.settled()
         served.task.cancel()
         await asyncio.gather(served.task, return_exceptions=True)
+        if served.cache is not None:  # (a version reloaded starts with none of its answers)
+            served.cache.clear()
         name, version = model.name, model.info.version
         del self._served[model]
         del served, model  # (the last references here: what the model held can be freed)
@@ -186,6 +202,27 @@ class Engine:
         ms = limit if timeout_ms is None else min(timeout_ms, limit)
         return time.monotonic() + ms / 1000
 
+    def level(self, priority: int | None) -> int:
+        """A call's priority level: as asked (1 first, as Triton counts), else the default."""
+        levels = self.settings.priority_levels
+        if not priority:  # (None, or Triton's 0: the default)
+            return self.settings.default_priority
+        if not 1 <= priority <= levels:
+            raise InvalidInput(
+                f"priority {priority}: this server's levels are 1 (first) to {levels}; 0 or "
+                f"none is the default, {self.settings.default_priority}",
+                param="priority",
+            )
+        return priority
+
+    @property
+    def cache_bound_bytes(self) -> int:
+        return int(self.settings.result_cache_mb * 2**20)
+
+    def cache_refused(self, model: Model) -> str | None:
+        """Why `model` has no result cache (None: it has one, bounded at cache_bound_bytes)."""
+        return refused_because(model.info.invariance, self.cache_bound_bytes)
+
     def within_token_budget(self, sequences: Sequence[np.ndarray]) -> None:
         """One request's cost is bounded: its sequences' tokens (or steps) together."""
         tokens = sum(len(s) for s in sequences)
@@ -200,36 +237,68 @@ class Engine:
         model = self.model(call.model, call.version)
         served = self._served[model]
         with served.using():
-            return await self._infer(call, model, served.scheduler)
+            return await self._infer(call, model, served)
 
-    async def _infer(self, call: Call, model: Model, scheduler: Scheduler) -> Answer:
+    async def _infer(self, call: Call, model: Model, served: Served) -> Answer:
         """The request on the model it resolved to, which stays running until it is done."""
         with self.tracing.span("bucketserve.admission", {"bucketserve.model": model.name}):
+            level = self.level(call.priority)
             head = call.head
             wanted = head.outputs(model) if head else wanted_outputs(model, call.outputs)
             count = call.inputs.count(model)
             if count > self.settings.max_sequences:
                 raise InvalidInput(f"too many sequences: {count} > {self.settings.max_sequences}")
-            scheduler.refuse_now(count)  # (a text is not tokenised only to be refused)
+            # (a text is not tokenised only to be refused)
+            served.scheduler.refuse_now(count, level, call.tenant)
             if call.inputs.heavy:
                 sequences = await asyncio.to_thread(call.inputs.sequences, model)
             else:
                 sequences = call.inputs.sequences(model)
             self.within_token_budget(sequences)
-        outputs = await scheduler.infer(sequences, self.deadline(call.timeout_ms), call.request_id)
-        chosen = [{name: out[name] for name in wanted} for out in outputs]
+        chosen = await self._outputs(call, model, served, sequences, wanted, level)
         if head is not None:
             chosen = [head.answer(model, o, s) for o, s in zip(chosen, sequences, strict=True)]
         return Answer(model, chosen, [len(s) for s in sequences])
 
+    async def _outputs(
+        self,
+        call: Call,
+        model: Model,
+        served: Served,
+        sequences: Sequence[np.ndarray],
+        wanted: Sequence[str],
+        level: int,
+    ) -> list[Outputs]:
+        """Each sequence's wanted outputs: those the cache keeps from it, the others run."""
+        deadline = self.deadline(call.timeout_ms)
+        scheduler, cache = served.scheduler, served.cache
+        if cache is None:
+            ran = await scheduler.infer(sequences, deadline, call.request_id, level, call.tenant)
+            return [{name: out[name] for name in wanted} for out in ran]
+        keys = [exact_inputs(s) for s in sequences]
+        found = [cache.get(key, wanted) for key in keys]
+        missing = [i for i, out in enumerate(found) if out is None]
+        if self._metrics is not None:
+            saved = sum(len(s) for s, out in zip(sequences, found, strict=True) if out is not None)
+            self._metrics.cache_looked_up(model.name, len(keys) - len(missing), len(missing), saved)
+        if missing:
+            todo = [sequences[i] for i in missing]
+            ran = await scheduler.infer(todo, deadline, call.request_id, level, call.tenant)
+            for i, out in zip(missing, ran, strict=True):
+                found[i] = chosen = {name: out[name] for name in wanted}
+                cache.put(keys[i], wanted, chosen)
+        return [out for out in found if out is not None]
+
 
 @dataclass(eq=False)
 class Served:
-    """A model running: its scheduler and that scheduler's task, and how many requests that
-    resolved to the model are still in the engine (a model retires only once none is)."""
+    """A model running: its scheduler and that scheduler's task, its result cache, and how
+    many requests that resolved to the model are still in the engine (a model retires only
+    once none is)."""
 
     scheduler: Scheduler
     task: asyncio.Task[None]
+    cache: ResultCache | None = None  # its answers kept, where they cannot depend on batching
     users: int = 0
 
     @contextlib.contextmanager

@@ -1,11 +1,16 @@
-"""The bucket queues, pure: one FIFO per bucket key, and the rule that forms a batch from them.
+"""The bucket queues, pure: one queue per bucket key, and the rule that forms a batch from them.
 
 Given the time explicitly, so tests assert exact batch compositions; no asyncio loop runs
 here. The rule, per key: the first sequence waits; the batch fills until it holds the key's
-capacity, or until `max_delay` has passed since that first sequence. Among keys that are
-ready, the one holding the earliest deadline goes first, so a rare bucket never starves.
-Sequences whose client went away (future already done) or whose deadline passed are dropped
-before they are computed.
+capacity, or until `max_delay` has passed since that first sequence. Sequences whose client
+went away (every future done) or whose deadline passed are dropped before they are computed.
+
+Which ready key runs, and which of its sequences: the best priority level first (1 is the
+best, as in Triton); within a level, the tenant furthest behind its share of the tokens
+(`shares`); then the earliest deadline, so a rare bucket never starves. A sequence passed
+over `max_overtakes` times for a better level, while its own key was ready, counts as the
+best level from then on, so bulk work always moves. A level only chooses which key runs next
+and who rides in its batch: batches still form by length, never padded further for it.
 """
 
 from __future__ import annotations
@@ -19,11 +24,16 @@ import numpy as np
 
 from bucketserve.core.bucketing import BucketKey
 from bucketserve.core.layout import Outputs
+from bucketserve.core.shares import Shares
+
+PROMOTED = 0  # the level of a sequence overtaken as often as it may be: before every other
+DEFAULT_MAX_OVERTAKES = 16
 
 
 @dataclass(eq=False)
 class Pending:
-    """One sequence waiting in a bucket queue; its future gets that sequence's outputs."""
+    """One sequence waiting in a bucket queue; its future gets that sequence's outputs, as do
+    the futures of identical sequences that joined it (`joined`: computed once for all)."""
 
     sequence: np.ndarray
     future: asyncio.Future[Outputs]
@@ -31,45 +41,137 @@ class Pending:
     deadline: float
     request_id: str = ""  # whose sequence it is, for the log
     trace: Any = None  # its wait in the queue, as tracing keeps it (None when off)
+    level: int = 1  # its priority: 1 goes first
+    tenant: str = ""  # whose share it is charged to
+    identity: bytes | None = None  # its exact inputs, where identical ones share one run
+    overtaken: int = 0  # times a batch of a better level was taken while it was ready
+    joined: list[asyncio.Future[Outputs]] = field(default_factory=list)
+
+    @property
+    def futures(self) -> list[asyncio.Future[Outputs]]:
+        return [self.future, *self.joined]
+
+    @property
+    def abandoned(self) -> bool:
+        """Whether nobody waits for it any more (each request that did has gone)."""
+        return all(f.done() for f in self.futures)
+
+    def join(self, future: asyncio.Future[Outputs], deadline: float, level: int) -> None:
+        """An identical sequence rides on this one: its answer is this one's."""
+        self.joined.append(future)
+        self.deadline = max(self.deadline, deadline)
+        self.level = min(self.level, level)
 
 
 @dataclass
 class BucketQueues:
     max_delay: float
+    max_overtakes: int = DEFAULT_MAX_OVERTAKES
+    shares: Shares = field(default_factory=Shares)
     queues: dict[BucketKey, deque[Pending]] = field(default_factory=dict)
+    _count: int = 0  # sequences waiting
+    _levels: set[int] = field(default_factory=set)  # levels seen since the queues were empty
 
     def __len__(self) -> int:
-        return sum(len(q) for q in self.queues.values())
+        return self._count
 
     def add(self, key: BucketKey, item: Pending) -> None:
         self.queues.setdefault(key, deque()).append(item)
+        self.shares.arrive(item.tenant)
+        self._levels.add(item.level)
+        self._count += 1
+
+    def join(
+        self, leader: Pending, future: asyncio.Future[Outputs], deadline: float, level: int
+    ) -> None:
+        """An identical sequence joins `leader` (queued, or already running)."""
+        leader.join(future, deadline, level)
+        self._levels.add(leader.level)
+
+    def _left(self, items: list[Pending]) -> None:
+        for item in items:
+            self.shares.leave(item.tenant)
+        self._count -= len(items)
+        if not self._count:
+            self._levels.clear()
 
     def purge(self, now: float) -> dict[str, list[Pending]]:
-        """Remove sequences that must not be computed: cancelled, or past their deadline."""
+        """Remove sequences that must not be computed: abandoned, or past their deadline."""
         dropped: dict[str, list[Pending]] = {"cancelled": [], "expired": []}
         for key, queue in self.queues.items():
             keep: deque[Pending] = deque()
             for item in queue:
                 if item.deadline <= now:  # first: a request that timed out also cancels
                     dropped["expired"].append(item)
-                elif item.future.done():
+                elif item.abandoned:
                     dropped["cancelled"].append(item)
                 else:
                     keep.append(item)
             self.queues[key] = keep
+        self._left([*dropped["expired"], *dropped["cancelled"]])
         return dropped
 
     def _ready(self, key: BucketKey, queue: deque[Pending], now: float) -> bool:
         return len(queue) >= key.rows or now >= queue[0].enqueued + self.max_delay
+
+    def level(self, item: Pending) -> int:
+        """The level it is taken at: its own, or the best once overtaken enough."""
+        return PROMOTED if item.overtaken >= self.max_overtakes else item.level
 
     def take(self, now: float) -> tuple[BucketKey, list[Pending]] | None:
         """The next batch to run, or None when no key is ready yet."""
         ready = [k for k, q in self.queues.items() if q and self._ready(k, q, now)]
         if not ready:
             return None
-        key = min(ready, key=lambda k: min(item.deadline for item in self.queues[k]))
+        if len(self._levels) <= 1 and len(self.shares.waiting) <= 1:  # (arrival order)
+            key = min(ready, key=lambda k: min(item.deadline for item in self.queues[k]))
+            queue = self.queues[key]
+            taken = [queue.popleft() for _ in range(min(key.rows, len(queue)))]
+            for item in taken:
+                self.shares.charge(item.tenant, len(item.sequence))
+            self._left(taken)
+            return key, taken
+        account = self.shares.account
+        ranks = {
+            k: min((self.level(i), account(i.tenant), i.deadline) for i in self.queues[k])
+            for k in ready
+        }
+        key = min(ready, key=ranks.__getitem__)
+        taken = self._fill(key)
+        for item in taken:
+            self.shares.charge(item.tenant, len(item.sequence))
+        self._left(taken)
+        best = ranks[key][0]
+        for k in ready:  # those a better level passed over, while their key was ready
+            for item in self.queues[k]:
+                if self.level(item) > best:
+                    item.overtaken += 1
+        return key, taken
+
+    def _fill(self, key: BucketKey) -> list[Pending]:
+        """Up to the key's rows, out of its queue: the best levels first; within a level, one
+        sequence at a time to the tenant furthest behind, counting what the batch already
+        gives it; each tenant's in the order they came."""
         queue = self.queues[key]
-        return key, [queue.popleft() for _ in range(min(key.rows, len(queue)))]
+        classes: dict[tuple[int, str], deque[Pending]] = {}
+        for item in queue:
+            classes.setdefault((self.level(item), item.tenant), deque()).append(item)
+        if len(classes) == 1:  # (the common case: first come, first served)
+            return [queue.popleft() for _ in range(min(key.rows, len(queue)))]
+        accounts = {tenant: self.shares.account(tenant) for _, tenant in classes}
+        taken: list[Pending] = []
+        while len(taken) < key.rows and classes:
+            level = min(lvl for lvl, _ in classes)
+            tenant = min((t for lvl, t in classes if lvl == level), key=accounts.__getitem__)
+            group = classes[(level, tenant)]
+            item = group.popleft()
+            if not group:
+                del classes[(level, tenant)]
+            taken.append(item)
+            accounts[tenant] += len(item.sequence) / self.shares.weight(tenant)
+        chosen = set(map(id, taken))
+        self.queues[key] = deque(item for item in queue if id(item) not in chosen)
+        return taken
 
     def next_ready_at(self) -> float | None:
         """When the earliest waiting key reaches its max delay (None when nothing waits)."""

@@ -14,6 +14,12 @@ wait for it. A failing batch runs its sequences again one by one, so that only a
 that fails alone gets an error. `settled` is when no request is in
 flight, no sequence queued and no batch running. No ONNX Runtime here: the model is anything
 with `plan`, `batch_shape` and `run_batch`.
+
+Each sequence carries its priority level and tenant into the queues, which order by them
+(`queues`, `shares`); a tenant over its share of the queue is refused before a full queue
+refuses anyone. Where `share_identical` (the engine says so only for a model whose answers
+the check proved independent of batching and padding), a sequence identical to one queued or
+running joins it and gets its answer: computed once.
 """
 
 from __future__ import annotations
@@ -32,7 +38,9 @@ import numpy as np
 from bucketserve.core.bucketing import BucketKey, BucketPlan
 from bucketserve.core.layout import Outputs
 from bucketserve.core.lifecycle import Lifecycle
-from bucketserve.core.queues import BucketQueues, Pending
+from bucketserve.core.queues import DEFAULT_MAX_OVERTAKES, BucketQueues, Pending
+from bucketserve.core.result_cache import exact_inputs
+from bucketserve.core.shares import Shares
 from bucketserve.errors import DeadlineExceeded, InferenceFailed, Unavailable
 from bucketserve.logs import Throttled
 from bucketserve.tracing import Attributes, Tracing
@@ -65,7 +73,13 @@ class Observer(Protocol):
 
     def admitted(self, model: str, lengths: Sequence[int]) -> None: ...
 
-    def reject(self, reason: str) -> None: ...
+    def reject(self, reason: str, level: int = 0, tenant: str = "") -> None: ...
+
+    def served(self, model: str, level: int, tenant: str, wait_s: float, tokens: int) -> None:
+        """A sequence of `level` and `tenant` ran after waiting `wait_s`."""
+
+    def shared(self, model: str, count: int, tokens: int) -> None:
+        """`count` sequences (`tokens` together) joined an identical one, not computed."""
 
     def batch_done(
         self,
@@ -95,14 +109,21 @@ class Scheduler:
         tracing: Tracing | None = None,
         attributes: Attributes | None = None,
         lifecycle: Lifecycle | None = None,
+        shares: Shares | None = None,
+        max_overtakes: int = DEFAULT_MAX_OVERTAKES,
+        share_identical: bool = False,
     ) -> None:
         """`capacity`: sequences that may wait at once. `instances`: batches that may run at
         once, each in its own worker thread, on the model's one set of weights. `tracing`:
         where each sequence's wait and each batch are traced, with `attributes` (the model's
-        name and version) on every batch. `lifecycle`: the engine's, whose drain it obeys."""
+        name and version) on every batch. `lifecycle`: the engine's, whose drain it obeys.
+        `shares`: the tenants' weights; `max_overtakes`: how often a sequence may be passed
+        over for a better level; `share_identical`: identical sequences run once."""
         self.model = model
         self.capacity = capacity
-        self.queues = BucketQueues(max_delay_s)
+        self.queues = BucketQueues(max_delay_s, max_overtakes, shares or Shares())
+        self._share_identical = share_identical
+        self._in_flight_by_input: dict[bytes, Pending] = {}  # queued or running, to join
         self.admitted = 0  # requests let in since start
         self.answered = 0  # of those, requests whose outputs were handed back
         self._observer = observer
@@ -127,37 +148,64 @@ class Scheduler:
 
     # -- admission --------------------------------------------------------------------------
 
-    def refuse_now(self, count: int) -> None:
-        """Refuse a request of `count` sequences that could not be admitted now (draining, or
-        the queue full), before the edge spends work on it (tokenising its texts)."""
+    def refuse_now(self, count: int, level: int = 1, tenant: str = "") -> None:
+        """Refuse a request of `count` sequences that could not be admitted now (draining, its
+        tenant over its share of the queue, or the queue full), before the edge spends work on
+        it (tokenising its texts)."""
         if self._lifecycle.draining:
-            self._observer.reject("draining")
+            self._observer.reject("draining", level, tenant)
             raise Unavailable("the server is draining; retry on another replica")
+        if self.queues.shares.over_share(tenant, count, self.capacity):
+            self._observer.reject("tenant_share", level, tenant)
+            raise Unavailable(
+                f"model {self.model.name}: this tenant holds its share of the queue "
+                f"({self.queues.shares.room(tenant, self.capacity)} sequences now); retry later"
+            )
         if self.depth + count > self.capacity:
-            self._observer.reject("queue_full")
+            self._observer.reject("queue_full", level, tenant)
             raise Unavailable(
                 f"model {self.model.name}: queue full ({self.capacity} sequences); retry later"
             )
 
     def admit(
-        self, sequences: Sequence[np.ndarray], deadline: float, request_id: str = ""
+        self,
+        sequences: Sequence[np.ndarray],
+        deadline: float,
+        request_id: str = "",
+        level: int = 1,
+        tenant: str = "",
     ) -> list[asyncio.Future[Outputs]]:
-        """Let a request's validated sequences in, each into its bucket, or refuse the request
-        whole. One future per sequence, in order."""
+        """Let a request's validated sequences in, each into its bucket (or joining an
+        identical one in flight), or refuse the request whole. One future per sequence, in
+        order."""
         name = self.model.name
-        self.refuse_now(len(sequences))
+        self.refuse_now(len(sequences), level, tenant)
         now = self._clock()
         if deadline <= now:
-            self._observer.reject("deadline")
+            self._observer.reject("deadline", level, tenant)
             raise DeadlineExceeded("the deadline passed before the request was queued")
         self._observer.admitted(name, [len(s) for s in sequences])
         loop = asyncio.get_running_loop()
         futures: list[asyncio.Future[Outputs]] = []
+        joined = joined_tokens = 0
         for seq in sequences:
             future: asyncio.Future[Outputs] = loop.create_future()
-            pending = Pending(seq, future, now, deadline, request_id, self._tracing.queued())
-            self.queues.add(self.model.plan.key_for(len(seq)), pending)
             futures.append(future)
+            identity = exact_inputs(seq) if self._share_identical else None
+            leader = None if identity is None else self._in_flight_by_input.get(identity)
+            if leader is not None:
+                self.queues.join(leader, future, deadline, level)
+                joined, joined_tokens = joined + 1, joined_tokens + len(seq)
+                continue
+            pending = Pending(
+                seq, future, now, deadline, request_id, self._tracing.queued(), level, tenant
+            )
+            if identity is not None:
+                pending.identity = identity
+                self._in_flight_by_input[identity] = pending
+            self.queues.add(self.model.plan.key_for(len(seq)), pending)
+        if joined:
+            self._observer.shared(name, joined, joined_tokens)
         self.admitted += 1
         self._observer.queue_depth(name, self.depth)
         self._arrived.set()
@@ -165,10 +213,15 @@ class Scheduler:
         return futures
 
     async def infer(
-        self, sequences: Sequence[np.ndarray], deadline: float, request_id: str = ""
+        self,
+        sequences: Sequence[np.ndarray],
+        deadline: float,
+        request_id: str = "",
+        level: int = 1,
+        tenant: str = "",
     ) -> list[Outputs]:
         """Admit the sequences and wait for their outputs, in order, until the deadline."""
-        futures = self.admit(sequences, deadline, request_id)
+        futures = self.admit(sequences, deadline, request_id, level, tenant)
         self._in_flight += 1
         try:
             # asyncio.wait, not wait_for(gather(...)): cancelling a gather under wait_for leaves
@@ -253,10 +306,18 @@ class Scheduler:
     def _drop(self, dropped: dict[str, list[Pending]]) -> None:
         for reason, items in dropped.items():
             for item in items:
-                if not item.future.done():
-                    item.future.set_exception(DeadlineExceeded("deadline passed while queued"))
+                for future in item.futures:
+                    if not future.done():
+                        future.set_exception(DeadlineExceeded("deadline passed while queued"))
+            self._left(items)
             if items:
                 self._observer.dropped(self.model.name, reason, len(items))
+
+    def _left(self, items: Sequence[Pending]) -> None:
+        """`items` answered or dropped: no sequence joins them any more."""
+        for item in items:
+            if item.identity is not None and self._in_flight_by_input.get(item.identity) is item:
+                del self._in_flight_by_input[item.identity]
 
     async def _execute(
         self, key: BucketKey, items: list[Pending], lone: bool, instance: int = 0
@@ -310,23 +371,30 @@ class Scheduler:
                 ", ".join(ids),
                 exc_info=exc,
             )
+            self._left(items)
             for item in items:  # (the runtime's own words stay in the log: they are no API)
-                if not item.future.done():
-                    item.future.set_exception(
-                        InferenceFailed(
-                            f"inference failed on the server; its log says why, under request "
-                            f"id {item.request_id}"
-                        )
-                    )
+                failed = InferenceFailed(
+                    f"inference failed on the server; its log says why, under request id "
+                    f"{item.request_id}"
+                )
+                for future in item.futures:
+                    if not future.done():
+                        future.set_exception(failed)
         else:
-            for item, out in zip(items, outputs, strict=True):
-                if not item.future.done():
-                    item.future.set_result(out)
+            self._left(items)
+            end = self._clock()
+            for item, out, tokens in zip(items, outputs, lengths, strict=True):
+                for future in item.futures:
+                    if not future.done():
+                        future.set_result(out)
+                self._observer.served(
+                    self.model.name, item.level, item.tenant, start - item.enqueued, tokens
+                )
             self._observer.batch_done(
                 self.model.name,
                 self.model.plan.bucket_of(key.length),  # a configured edge, whatever the key
                 lengths,
                 (rows, length),
                 [start - item.enqueued for item in items],
-                self._clock() - start,
+                end - start,
             )

@@ -53,10 +53,10 @@ class Unsigned(int):
 
 
 # Triton's request parameters, with the types it reads them as: `timeout` in microseconds (an
-# int64; 0, its default: none of the request's own), `priority` (accepted; every request is
-# equal here), `binary_data_output` (HTTP: outputs as binary unless named otherwise); and for
-# `text`, as every text route takes them, `truncate` (default true) and `truncation_direction`
-# (right or left).
+# int64; 0, its default: none of the request's own), `priority` (its level, 1 first; 0, its
+# default: the server's default), `binary_data_output` (HTTP: outputs as binary unless named
+# otherwise); and for `text`, as every text route takes them, `truncate` (default true) and
+# `truncation_direction` (right or left).
 PARAMETERS: dict[str, tuple[type, ...]] = {
     "timeout": (int,),
     "priority": (int, Unsigned),
@@ -85,6 +85,7 @@ class V2Request:
     id: str | None = None
     timeout_ms: float | None = None  # Triton's `timeout` parameter, in ms
     truncation: Truncation = TRUNCATE  # how a `text` longer than the model takes is cut
+    priority: int | None = None  # Triton's `priority` parameter (0: none of its own)
 
 
 def timeout_ms(parameters: Mapping[str, object]) -> float | None:
@@ -103,6 +104,21 @@ def timeout_ms(parameters: Mapping[str, object]) -> float | None:
             raise MalformedRequest(f"parameter {key}: expected 0 or more")
     timeout = parameters.get("timeout")
     return timeout / 1000 if isinstance(timeout, int) and timeout else None
+
+
+def priority(parameters: Mapping[str, object]) -> int | None:
+    """The request's priority level from Triton's parameters (their types checked by
+    `timeout_ms`); None for 0, Triton's default, or none."""
+    level = parameters.get("priority")
+    return level if isinstance(level, int) and level else None
+
+
+def level_of(raw: str, where: str) -> int:
+    """A priority level as a header (HTTP's X-Priority, gRPC's x-priority) sends it: digits."""
+    text = raw.strip()
+    if not (text.isascii() and text.isdigit() and len(text) <= 9):
+        raise MalformedRequest(f"{where} must be a level: 1 (first), 2, ...; 0 is the default")
+    return int(text)
 
 
 def truncation(parameters: Mapping[str, object]) -> Truncation:
@@ -317,10 +333,16 @@ def with_batch_axis(tensor: Tensor) -> Tensor:
 
 
 async def infer(
-    engine: Engine, request: V2Request, request_id: str, timeouts_ms: Sequence[float | None] = ()
+    engine: Engine,
+    request: V2Request,
+    request_id: str,
+    timeouts_ms: Sequence[float | None] = (),
+    priority: int | None = None,
+    tenant: str = "",
 ) -> tuple[Answer, dict[str, np.ndarray]]:
     """One v2 request through the core: its answer, and its outputs as tensors. The deadline
-    is the soonest of Triton's `timeout` and the protocol's own (`timeouts_ms`)."""
+    is the soonest of Triton's `timeout` and the protocol's own (`timeouts_ms`); the level is
+    Triton's `priority`, else the protocol's own (`priority`: a header, or metadata)."""
     given = [t for t in (request.timeout_ms, *timeouts_ms) if t is not None]
     inputs = TensorInputs(request.inputs, request.truncation)
     call = Call(
@@ -330,6 +352,8 @@ async def infer(
         request.outputs,
         min(given, default=None),
         request_id,
+        priority=request.priority or priority,
+        tenant=tenant,
     )
     answer = await engine.infer(call)
     steps = inputs.steps(answer.model)

@@ -1,17 +1,20 @@
 """The process's parts, built once from the settings and handed to both protocols: the engine
-over the repository's registry, model control with the repository's loader, the metrics, the
-tracing and the API keys. `running` runs what must run while serving. Imports load time,
-control, the core, metrics, tracing and the API keys; never a protocol.
+over the repository's registry (with the tenants' shares), model control with the repository's
+loader, the metrics, the tracing and the API keys (which name the tenants). `running` runs
+what must run while serving. Imports load time, control, the core, metrics, tracing and the
+API keys; never a protocol.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from bucketserve.control import Control
 from bucketserve.core.engine import Engine
+from bucketserve.core.shares import Shares
 from bucketserve.edges.auth import ApiKeys
 from bucketserve.loading import open_repository
 from bucketserve.metrics import Metrics
@@ -31,17 +34,21 @@ class Wired:
 def wire(settings: Settings) -> Wired:
     """Every part, from the settings: the repository opened (every model loaded and checked,
     or ConfigError naming each that failed), the keys read once."""
-    keys = ApiKeys(settings.api_keys(), settings.open_metrics, settings.docs)
+    keys = ApiKeys(
+        settings.api_keys(), settings.open_metrics, settings.docs, settings.tenant_header
+    )
+    weights = settings.weights()
+    shares = functools.partial(Shares, weights, reserve=keys.tenants_may_differ)
     opened = open_repository(settings)
     tracing = configured(settings.otlp_endpoint)
-    engine = Engine(opened.registry, settings, opened.instances, tracing)
+    engine = Engine(opened.registry, settings, opened.instances, tracing, shares)
     control = Control(
         engine,
         opened.loader if settings.model_control != "none" else None,
         poll=settings.model_control == "poll",
         interval_s=settings.poll_interval_s,
     )
-    return Wired(settings, engine, control, Metrics(), keys)
+    return Wired(settings, engine, control, Metrics(keys.tenants | set(weights)), keys)
 
 
 @contextlib.asynccontextmanager

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from bucketserve.edges.kserve import Unsigned, V2Request, timeout_ms, truncation
+from bucketserve.edges.kserve import Unsigned, V2Request, priority, timeout_ms, truncation
 from bucketserve.edges.tensors import DATATYPES, WireTensor
 from bucketserve.errors import InvalidInput, MalformedRequest, quoted
 
@@ -80,4 +80,5 @@ def decode_request(request: Any) -> V2Request:
         request.id or None,
         timeout_ms(parameters),
         truncation(parameters),
+        priority(parameters),
     )

@@ -55,6 +55,7 @@ STATUS_CODES = {  # HTTP status of our error -> the gRPC code Triton answers suc
     504: grpc.StatusCode.DEADLINE_EXCEEDED,
 }
 REQUEST_ID = "x-request-id"  # metadata, as the HTTP header
+PRIORITY = "x-priority"  # metadata, as the HTTP header (Triton's `priority` parameter first)
 AUTHORIZATION = "authorization"  # metadata: `Bearer <key>`, as the HTTP header
 
 Message = Any  # the classes of `messages` are made at run time
@@ -179,9 +180,20 @@ class InferenceService:
             decoded = decode_request(request)
         remaining = context.time_remaining()
         deadline_ms = None if remaining is None else remaining * 1000
-        metadata_id = dict(context.invocation_metadata() or ()).get(REQUEST_ID)
+        metadata = {
+            k.lower(): v for k, v in context.invocation_metadata() or () if isinstance(v, str)
+        }
+        metadata_id = metadata.get(REQUEST_ID)
         given = metadata_id if isinstance(metadata_id, str) else request.id
-        answer, tensors = await kserve.infer(self.engine, decoded, request_id(given), [deadline_ms])
+        level = metadata.get(PRIORITY)
+        answer, tensors = await kserve.infer(
+            self.engine,
+            decoded,
+            request_id(given),
+            [deadline_ms],
+            None if level is None else kserve.level_of(level, PRIORITY),
+            self._tenant(context, metadata),
+        )
         model = answer.model
         response = self.messages["ModelInferResponse"](
             model_name=model.name, model_version=str(model.info.version), id=request.id
@@ -191,6 +203,14 @@ class InferenceService:
             little = np.ascontiguousarray(array, array.dtype.newbyteorder("<"))
             response.raw_output_contents.append(little.tobytes())
         return response
+
+    def _tenant(self, context: Context, metadata: dict[str, str]) -> str:
+        """The call's tenant, by its key or the metadata the operator names (`edges.auth`)."""
+        keys = self.keys
+        every = [(k.lower(), v) for k, v in context.invocation_metadata() or ()]
+        authorizations = [v for k, v in every if k == AUTHORIZATION and isinstance(v, str)]
+        named = metadata.get(keys.tenant_header) if keys.tenant_header else None
+        return keys.tenant(authorizations, named)
 
     def _answered(self, method: str, kind: Any, handler: Method) -> Any:
         """`handler` over the call's raw bytes: its one message decoded, its errors turned

@@ -66,6 +66,7 @@ def create_app(
     app.state.engine = engine
     app.state.control = control or Control(engine, None)
     app.state.metrics = metrics
+    app.state.keys = keys
     app.include_router(predict.router)
     app.include_router(kserve_routes.router)
     app.include_router(openai_api.router)

@@ -45,14 +45,16 @@ class EmbedBody(Strict):
     truncate: Literal["NONE", "START", "END"] = Field("END", description="how a long text is cut")
     output_dimension: Positive | None = Field(None, description="cut the vector to this width")
     max_tokens: Integer | None = Field(None, description="accepted and ignored")
-    priority: Integer | None = Field(None, description="accepted and ignored")
+    priority: Integer | None = Field(
+        None, description="the server's priority level: 1 first; 0 or none, the default"
+    )
 
 
 async def embed(request: Request, version: int) -> Response:
     body: EmbedBody = await body_of(request, EmbedBody)
     name = model_for(engine_of(request), body.model, "embed")
     texts = Texts(body.texts, CUTS[body.truncate], input_type=body.input_type)
-    answer = await run(request, texts, name, Embed(body.output_dimension))
+    answer = await run(request, texts, name, Embed(body.output_dimension), body.priority)
     vectors = [out[EMBEDDING] for out in answer.outputs]
     by_type = version == 2 or body.embedding_types is not None
     reply: dict[str, Any] = {

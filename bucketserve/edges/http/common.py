@@ -1,6 +1,6 @@
 """What every route shares: reading a bounded body of an accepted type, JSON in and out, large
-bodies decoded off the event loop, the request's own deadline header, its id (`call_of`: the
-call every route hands the engine), disconnects."""
+bodies decoded off the event loop, the request's own deadline header, its id, its priority
+and tenant (`call_of`: the call every route hands the engine), disconnects."""
 
 from __future__ import annotations
 
@@ -21,6 +21,8 @@ from starlette.requests import ClientDisconnect
 from bucketserve.control import Control
 from bucketserve.core.calls import OFF_LOOP_BYTES, Call, Inputs
 from bucketserve.core.engine import Engine
+from bucketserve.edges.auth import ApiKeys
+from bucketserve.edges.kserve import level_of
 from bucketserve.errors import (
     BucketserveError,
     MalformedRequest,
@@ -34,6 +36,7 @@ from bucketserve.errors import (
 T = TypeVar("T")
 
 TIMEOUT_HEADER = "x-request-timeout-ms"
+PRIORITY_HEADER = "x-priority"
 OPENAI_PREFIX = "/v1/"  # the routes of OpenAI's API
 KSERVE_PREFIX = "/v2/"  # the routes of KServe's v2 protocol
 COHERE_V2 = ("/v2/rerank", "/v2/embed")  # Cohere's (and Jina's) routes under KServe's prefix
@@ -49,6 +52,14 @@ TIMEOUT_PARAMETER = {
     "required": False,
     "schema": {"type": "number", "exclusiveMinimum": 0},
     "description": "the request's deadline in ms; it can only shorten the server's",
+}
+PRIORITY_PARAMETER = {
+    "name": "X-Priority",
+    "in": "header",
+    "required": False,
+    "schema": {"type": "integer", "minimum": 0},
+    "description": "the request's priority level: 1 first, up to the server's levels; 0 or "
+    "none is the server's default (a body's `priority` takes precedence)",
 }
 LENGTH_PARAMETER = {
     "name": "Inference-Header-Content-Length",
@@ -207,14 +218,35 @@ def error_response(error: BucketserveError, path: str) -> Response:
     return json_response(error_body(error, path), error.status, headers)
 
 
+def request_priority(request: Request, given: int | None = None) -> int | None:
+    """The request's priority level: the body's (`given`), else X-Priority's, else None."""
+    if given is not None:
+        return given
+    raw = request.headers.get(PRIORITY_HEADER)
+    if raw is None:
+        return None
+    return level_of(raw, "X-Priority")
+
+
+def request_tenant(request: Request) -> str:
+    """The request's tenant, by its key or the header the operator names (`edges.auth`)."""
+    keys: ApiKeys = request.app.state.keys
+    named = request.headers.get(keys.tenant_header) if keys.tenant_header else None
+    return keys.tenant(request.headers.getlist("authorization"), named)
+
+
 def call_of(request: Request, inputs: Inputs, model: str | None, **given: Any) -> Call:
-    """The call a route hands the engine: `inputs` for `model`, with `given` fields, and the
-    request's deadline and id."""
+    """The call a route hands the engine: `inputs` for `model`, with `given` fields, and
+    the request's deadline, id, priority (a body's `priority` given, else its header's)
+    and tenant."""
+    priority = request_priority(request, given.pop("priority", None))
     return Call(
         inputs,
         model,
         timeout_ms=request_timeout_ms(request),
         request_id=request_id(request),
+        priority=priority,
+        tenant=request_tenant(request),
         **given,
     )
 

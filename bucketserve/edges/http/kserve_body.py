@@ -17,7 +17,7 @@ import orjson
 
 from bucketserve.edges.http.common import parse_json
 from bucketserve.edges.http.schemas import InferRequest, InputTensor, validate
-from bucketserve.edges.kserve import V2Request, timeout_ms, truncation
+from bucketserve.edges.kserve import V2Request, priority, timeout_ms, truncation
 from bucketserve.edges.tensors import DATATYPE_OF, WireTensor
 from bucketserve.errors import InvalidInput, MalformedRequest, quoted
 
@@ -94,7 +94,14 @@ def decode_request(
     given = params.model_dump(exclude_none=True) if params else {}
     names = tuple(binary_outputs) if request.outputs is not None else None
     decoded = V2Request(
-        model, version, tuple(inputs), names, request.id, timeout_ms(given), truncation(given)
+        model,
+        version,
+        tuple(inputs),
+        names,
+        request.id,
+        timeout_ms(given),
+        truncation(given),
+        priority(given),
     )
     return Decoded(decoded, binary_outputs, binary_default)
 

@@ -18,6 +18,7 @@ from bucketserve.edges.http.common import (
     BINARY,
     JSON,
     LENGTH_PARAMETER,
+    PRIORITY_PARAMETER,
     SERVER_VERSION,
     TIMEOUT_PARAMETER,
     control_of,
@@ -28,6 +29,8 @@ from bucketserve.edges.http.common import (
     parse_json,
     read_body,
     request_id,
+    request_priority,
+    request_tenant,
     request_timeout_ms,
     unless_client_leaves,
 )
@@ -150,15 +153,24 @@ async def model_metadata(request: Request, name: str, version: str | None) -> Re
 )
 async def model_config(request: Request, name: str, version: str | None) -> Response:
     """The model's config.toml with fitted edges, overrides and what load found applied (load
-    generators read the bucket edges from here), and beside it, under Triton's own keys
-    (`platform`, `max_batch_size`, `input`, `output`...), the model as Triton's configuration
-    at this path describes one, for the clients that read it. A model that did not load says
-    why."""
+    generators read the bucket edges from here), whether its result cache is on and why, and
+    beside it, under Triton's own keys (`platform`, `max_batch_size`, `input`, `output`...),
+    the model as Triton's configuration at this path describes one, for the clients that read
+    it. A model that did not load says why."""
     failed = _failed(request, name, version)
     if failed is not None:
         return json_response({"name": name, "ready": False, "error": failed})
     model = _model(request, name, version)
-    return json_response({**model.info.served_config, **triton_config(model)})
+    engine = engine_of(request)
+    refused = engine.cache_refused(model)
+    cache = {
+        "on": refused is None,
+        "bytes": engine.cache_bound_bytes if refused is None else 0,
+        "why": refused or "on: the check found batching and padding change no answer",
+    }
+    return json_response(
+        {**model.info.served_config, "result_cache": cache, **triton_config(model)}
+    )
 
 
 @model_routes(
@@ -249,7 +261,7 @@ INFER_CONTRACT = {
         "binary tensors it describes, in order",
         "content": {JSON: {"schema": inlined(InferRequest)}, BINARY: BINARY_BODY},
     },
-    "parameters": [TIMEOUT_PARAMETER, LENGTH_PARAMETER],
+    "parameters": [TIMEOUT_PARAMETER, PRIORITY_PARAMETER, LENGTH_PARAMETER],
 }
 
 
@@ -272,7 +284,14 @@ async def infer(request: Request, name: str, version: str | None) -> Response:
     steps = engine.settings.max_request_tokens
     values = _most_values(engine, name, version)
     decoded = await off_loop(decode_request, body, json_length, name, version, steps, values)
-    work = kserve.infer(engine, decoded.request, request_id(request), [request_timeout_ms(request)])
+    work = kserve.infer(
+        engine,
+        decoded.request,
+        request_id(request),
+        [request_timeout_ms(request)],
+        request_priority(request),
+        request_tenant(request),
+    )
     answer, tensors = await unless_client_leaves(request, work)
     model = answer.model
     header: dict[str, Any] = {"model_name": model.name, "model_version": str(model.info.version)}

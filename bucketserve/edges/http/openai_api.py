@@ -25,6 +25,7 @@ from bucketserve.core.heads import EMBEDDING, Embed
 from bucketserve.core.model import Model, Truncation
 from bucketserve.edges.http.common import (
     JSON,
+    PRIORITY_PARAMETER,
     TIMEOUT_PARAMETER,
     call_of,
     engine_of,
@@ -213,7 +214,7 @@ def encoded(vector: np.ndarray, encoding: str) -> str | np.ndarray:
     responses=openai_errors(400, 404, 413, 415, 422, 503, 504),
     openapi_extra={
         "requestBody": {"required": True, "content": {JSON: {"schema": inlined(EmbeddingsBody)}}},
-        "parameters": [TIMEOUT_PARAMETER],
+        "parameters": [TIMEOUT_PARAMETER, PRIORITY_PARAMETER],
     },
     summary="Embeddings, as OpenAI's API answers them",
 )

@@ -13,6 +13,7 @@ from bucketserve.core.calls import Inputs, Sequences, Texts
 from bucketserve.core.model import Truncation
 from bucketserve.edges.http.common import (
     JSON,
+    PRIORITY_PARAMETER,
     TIMEOUT_PARAMETER,
     call_of,
     engine_of,
@@ -27,7 +28,7 @@ from bucketserve.errors import InvalidInput, MalformedRequest
 
 router = APIRouter()
 
-FIELDS = {"model", "sequences", "text", "outputs", "truncate", "truncation_direction"}
+FIELDS = {"model", "sequences", "text", "outputs", "truncate", "truncation_direction", "priority"}
 DIRECTIONS = ("right", "left")
 
 
@@ -41,6 +42,12 @@ class _PredictBody(BaseModel):
         None,
         min_length=1,
         description="names of the outputs to return (default: all of the model's outputs)",
+    )
+    priority: int | None = Field(
+        None,
+        ge=0,
+        description="its priority level: 1 first, up to the server's levels; 0 or none: the "
+        "default (X-Priority says the same for any route)",
     )
 
 
@@ -74,12 +81,13 @@ class Predict:
     model: str | None
     inputs: Inputs
     outputs: tuple[str, ...] | None
+    priority: int | None
 
 
 def parse_predict(raw: bytes, steps: int, values: int | None = None) -> Predict:
-    """The body's model, inputs and outputs, every mistake of its form named before the core
-    takes it (what the model makes of them, the core decides). `steps`, `values`: what
-    `parse_json` bounds the JSON by."""
+    """The body's model, inputs, outputs and priority, every mistake of its form named before
+    the core takes it (what the model makes of them, the core decides). `steps`, `values`:
+    what `parse_json` bounds the JSON by."""
     body = parse_json(raw, steps, values)
     if not isinstance(body, dict):
         raise MalformedRequest("body must be a JSON object")
@@ -104,16 +112,20 @@ def parse_predict(raw: bytes, steps: int, values: int | None = None) -> Predict:
     ):
         raise InvalidInput("'outputs' must be a non-empty list of output names")
     wanted = None if outputs is None else tuple(outputs)
+    priority = body.get("priority")
+    if priority is not None and (type(priority) is not int or priority < 0):
+        raise InvalidInput("'priority' must be a level: 1 (first), 2, ...; 0 is the default")
     truncate, direction = body.get("truncate", True), body.get("truncation_direction", "right")
     if not isinstance(truncate, bool) or direction not in DIRECTIONS:
         raise InvalidInput("'truncate' is true or false; 'truncation_direction' right or left")
     if field == "text":
         if not all(isinstance(t, str) for t in items):
             raise InvalidInput("'text' must be a list of strings")
-        return Predict(name, Texts(items, Truncation(truncate, direction == "left")), wanted)
+        texts = Texts(items, Truncation(truncate, direction == "left"))
+        return Predict(name, texts, wanted, priority)
     if {"truncate", "truncation_direction"} & set(body):
         raise InvalidInput("'truncate' and 'truncation_direction' apply to 'text'")
-    return Predict(name, Sequences(items, len(raw)), wanted)
+    return Predict(name, Sequences(items, len(raw)), wanted, priority)
 
 
 @router.post(
@@ -125,7 +137,7 @@ def parse_predict(raw: bytes, steps: int, values: int | None = None) -> Predict:
             "required": True,
             "content": {JSON: {"schema": PREDICT_BODY}},
         },
-        "parameters": [TIMEOUT_PARAMETER],
+        "parameters": [TIMEOUT_PARAMETER, PRIORITY_PARAMETER],
     },
     summary="Run a model on variable-length sequences",
 )
@@ -139,6 +151,6 @@ async def predict(request: Request) -> Response:
                  default=1)  # fmt: skip
     values = steps * widest + limits.max_sequences
     body = await off_loop(parse_predict, raw, steps, values)
-    call = call_of(request, body.inputs, body.model, outputs=body.outputs)
+    call = call_of(request, body.inputs, body.model, outputs=body.outputs, priority=body.priority)
     answer = await unless_client_leaves(request, engine.infer(call))
     return json_response({"model": answer.model.name, "outputs": answer.outputs})

@@ -109,7 +109,9 @@ class RequestParameters(Strict):
         description="microseconds (Triton's): shortens the request's deadline; 0 (Triton's "
         "default) sets none of its own",
     )
-    priority: Count | None = Field(None, description="accepted and ignored")
+    priority: Count | None = Field(
+        None, description="its priority level: 1 first; 0 (Triton's default) or none, the default"
+    )
     truncate: bool | None = Field(
         None, description="`text`: cut one longer than the model takes (default), or refuse it"
     )

@@ -15,6 +15,7 @@ from bucketserve.core.engine import Engine
 from bucketserve.core.heads import Head
 from bucketserve.edges.http.common import (
     JSON,
+    PRIORITY_PARAMETER,
     TIMEOUT_PARAMETER,
     call_of,
     engine_of,
@@ -38,7 +39,7 @@ def post(
         "requestBody": {"required": True, "content": {JSON: {"schema": inlined(body)}}}
     }
     if 504 in statuses:
-        extra["parameters"] = [TIMEOUT_PARAMETER]
+        extra["parameters"] = [TIMEOUT_PARAMETER, PRIORITY_PARAMETER]
     return router.post(path, responses=errors(*statuses), openapi_extra=extra, summary=summary)
 
 
@@ -55,9 +56,11 @@ def model_for(engine: Engine, name: str | None, task: str) -> str | None:
     return able[0] if len(able) == 1 else None
 
 
-async def run(request: Request, inputs: Inputs, name: str | None, head: Head) -> Answer:
-    """The task's call, through the engine like every other route's."""
-    call = call_of(request, inputs, name, head=head)
+async def run(
+    request: Request, inputs: Inputs, name: str | None, head: Head, priority: int | None = None
+) -> Answer:
+    """The task's call, through the engine like every other route's; `priority`: the body's."""
+    call = call_of(request, inputs, name, head=head, priority=priority)
     return await unless_client_leaves(request, engine_of(request).infer(call))
 
 

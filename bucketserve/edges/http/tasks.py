@@ -106,7 +106,9 @@ class RerankBody(Strict):
     max_chunks_per_doc: Integer | None = Field(None, description="accepted and ignored")
     max_tokens_per_doc: Integer | None = Field(None, description="accepted and ignored")
     relevant_spans: dict[str, Any] | None = Field(None, description="accepted and ignored")
-    priority: Integer | None = Field(None, description="accepted and ignored")
+    priority: Integer | None = Field(
+        None, description="the server's priority level: 1 first; 0 or none, the default"
+    )
 
 
 Item = Text | Annotated[list[Text], Field(min_length=1, max_length=2)]
@@ -198,7 +200,7 @@ async def rerank(request: Request) -> Response:
         )
     name = model_for(engine_of(request), body.model, "rerank")
     pairs = TextPairs([(body.query, d) for d in documents], Truncation(body.truncate))
-    answer = await run(request, pairs, name, Rerank())
+    answer = await run(request, pairs, name, Rerank(), body.priority)
     scores = [float(out[RELEVANCE]) for out in answer.outputs]
     results = [
         {"index": i, "relevance_score": scores[i]}
