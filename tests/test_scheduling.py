@@ -73,7 +73,7 @@ async def test_the_best_level_runs_first_and_batches_still_form_by_length() -> N
 
 async def test_a_worse_level_runs_short_batches_while_a_better_one_sends() -> None:
     """A query that arrives while a bulk batch runs waits for it: while queries come, bulk
-    batches take a quarter of their rows; a second after the last query, all of them."""
+    batches take a third of their rows; a second after the last query, all of them."""
     plan = BucketPlan(edges=(8,), max_batch_size=8, max_batch_tokens=64)
     queues = BucketQueues(DELAY)
 
@@ -87,7 +87,7 @@ async def test_a_worse_level_runs_short_batches_while_a_better_one_sends() -> No
     assert len(firsts(0.0)) == 8
     queues.add(plan.key_for(3), pending(100, 3, level=1, now=0.1))
     assert firsts(0.2) == [100, 8, 9, 10, 11, 12, 13, 14]  # the query's batch: full
-    assert firsts(0.5) == [15, 16]  # a quarter of 8 rows
+    assert firsts(0.5) == [15, 16]  # a third of 8 rows
     assert len(firsts(1.2)) == 8  # no query for a second: full batches again
 
 
@@ -111,6 +111,20 @@ async def test_only_a_ready_sequence_counts_as_overtaken() -> None:
         add(queues, pending(10 + ident, 12, level=1))
     assert taken(queues, DELAY / 2) == (16, [10, 11, 12, 13])  # bucket 8 not ready yet
     assert bulk.overtaken == 0
+
+
+async def test_only_the_batch_that_would_have_run_counts_as_passed_over() -> None:
+    """A flood's backlog waits for its own level's work, not for the queries: only the batch
+    that arrival order would have run next counts a query's batch as passing it over (else
+    every sequence of a long backlog would soon go before every query)."""
+    queues = BucketQueues(DELAY)
+    backlog = [pending(ident, 5, level=3) for ident in range(12)]  # three batches of bucket 8
+    for item in backlog:
+        add(queues, item)
+    for ident in range(4):
+        add(queues, pending(100 + ident, 12, level=1))
+    assert taken(queues, 0.0) == (16, [100, 101, 102, 103])
+    assert [item.overtaken for item in backlog] == [1] * 4 + [0] * 8
 
 
 # -- tenants' shares --------------------------------------------------------------------------
