@@ -146,9 +146,11 @@ def padded(sequences: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
 def server_process(
     models: Path, *flags: str
 ) -> Iterator[tuple[subprocess.Popen[bytes], str, Path]]:
-    """`bucketserve serve` in its own process, logging JSON lines beside `models`."""
+    """`bucketserve serve` in its own process, as a user runs it (the result cache at its
+    default), logging JSON lines beside `models`."""
     log_path = models.parent / "server.log"
-    with running_server(models, *flags, log_path=log_path, env={"BUCKETSERVE_LOG_JSON": "1"}) as (
+    env = {"BUCKETSERVE_LOG_JSON": "1"}
+    with running_server(models, *flags, log_path=log_path, env=env, result_cache=True) as (
         process,
         url,
     ):
