@@ -2,14 +2,15 @@
 uses; `start`, `drain` and `stop` run the models the registry serves, each version with its
 scheduler. Imports the registry, the call, the scheduler and the lifecycle below it.
 
-A call is decided here, in this order: which model and version (the registry resolves it); the
-outputs asked for, or what the call's task head reads; how many sequences (too many, or more
-than the queue can take now, is refused before anything is decoded); the sequences, validated
-(tokenised, for texts); the request's token budget; its deadline; then the model's scheduler
-admits them (at the call's priority level, charged to its tenant) and answers, and the head
-(if any) turns each sequence's outputs into its answer. A model whose check proved its answers
-independent of batching and padding has an exact result cache (`result_cache`): a sequence
-answered before is answered from it, and only the others are admitted.
+A call is decided here, in this order: which model and version (the registry resolves it); its
+deadline (from then); its priority level; the outputs asked for, or what the call's task head
+reads; how many sequences (too many, or more than the queue can take now, is refused before
+anything is decoded); the sequences, validated (tokenised, for texts); the request's token
+budget; then the model's scheduler admits them (at the call's level, charged to its tenant)
+and answers, and the head (if any) turns each sequence's outputs into its answer. A model
+whose check proved its answers independent of batching and padding has an exact result cache
+(`result_cache`): a sequence answered before is answered from it, and only the others are
+admitted.
 
 The engine's one lifecycle state is shared by every scheduler it runs, those started after a
 drain began included: a model that model control loads during a drain admits nothing. A model
@@ -37,7 +38,7 @@ from bucketserve.core.registry import Registry
 from bucketserve.core.result_cache import ResultCache, exact_inputs, refused_because
 from bucketserve.core.scheduler import Scheduler
 from bucketserve.core.shares import Shares
-from bucketserve.errors import InvalidInput
+from bucketserve.errors import DeadlineExceeded, InvalidInput
 from bucketserve.metrics import Metrics
 from bucketserve.settings import Settings
 from bucketserve.tracing import Tracing
@@ -171,8 +172,8 @@ class Engine:
         Said once in the log, however many callers wait (SIGTERM, then the process's end)."""
         first = not self.draining
         self.lifecycle.drain()
-        schedulers = [served.scheduler for served in self._served.values()]
-        settled = asyncio.gather(*(s.settled() for s in schedulers))
+        running = list(self._served.values())
+        settled = asyncio.gather(*(s.scheduler.settled() for s in running))
         try:
             await asyncio.wait_for(settled, self.settings.drain_timeout_s)
         except TimeoutError:
@@ -183,8 +184,8 @@ class Engine:
         if first:
             log.info(
                 "drained: %d requests admitted since start, %d answered",
-                sum(s.admitted for s in schedulers),
-                sum(s.answered for s in schedulers),
+                sum(s.scheduler.admitted + s.from_cache for s in running),
+                sum(s.scheduler.answered + s.from_cache for s in running),
             )
         return True
 
@@ -241,6 +242,7 @@ class Engine:
 
     async def _infer(self, call: Call, model: Model, served: Served) -> Answer:
         """The request on the model it resolved to, which stays running until it is done."""
+        deadline = self.deadline(call.timeout_ms)  # (counted from the request's arrival here)
         with self.tracing.span("bucketserve.admission", {"bucketserve.model": model.name}):
             level = self.level(call.priority)
             head = call.head
@@ -255,7 +257,7 @@ class Engine:
             else:
                 sequences = call.inputs.sequences(model)
             self.within_token_budget(sequences)
-        chosen = await self._outputs(call, model, served, sequences, wanted, level)
+        chosen = await self._outputs(call, model, served, sequences, wanted, level, deadline)
         if head is not None:
             chosen = [head.answer(model, o, s) for o, s in zip(chosen, sequences, strict=True)]
         return Answer(model, chosen, [len(s) for s in sequences])
@@ -268,20 +270,26 @@ class Engine:
         sequences: Sequence[np.ndarray],
         wanted: Sequence[str],
         level: int,
+        deadline: float,
     ) -> list[Outputs]:
         """Each sequence's wanted outputs: those the cache keeps from it, the others run."""
-        deadline = self.deadline(call.timeout_ms)
         scheduler, cache = served.scheduler, served.cache
         if cache is None:
             ran = await scheduler.infer(sequences, deadline, call.request_id, level, call.tenant)
             return [{name: out[name] for name in wanted} for out in ran]
+        if deadline <= time.monotonic():  # (as the scheduler refuses it: kept or not)
+            if self._metrics is not None:
+                self._metrics.reject("deadline", level, call.tenant)
+            raise DeadlineExceeded("the deadline passed before the request was queued")
         keys = [exact_inputs(s) for s in sequences]
         found = [cache.get(key, wanted) for key in keys]
         missing = [i for i, out in enumerate(found) if out is None]
         if self._metrics is not None:
             saved = sum(len(s) for s, out in zip(sequences, found, strict=True) if out is not None)
             self._metrics.cache_looked_up(model.name, len(keys) - len(missing), len(missing), saved)
-        if missing:
+        if not missing:
+            served.from_cache += 1
+        else:
             todo = [sequences[i] for i in missing]
             ran = await scheduler.infer(todo, deadline, call.request_id, level, call.tenant)
             for i, out in zip(missing, ran, strict=True):
@@ -300,6 +308,7 @@ class Served:
     task: asyncio.Task[None]
     cache: ResultCache | None = None  # its answers kept, where they cannot depend on batching
     users: int = 0
+    from_cache: int = 0  # requests answered from the cache alone (its scheduler never saw)
 
     @contextlib.contextmanager
     def using(self) -> Iterator[None]:

@@ -114,11 +114,12 @@ def priority(parameters: Mapping[str, object]) -> int | None:
 
 
 def level_of(raw: str, where: str) -> int:
-    """A priority level as a header (HTTP's X-Priority, gRPC's x-priority) sends it: digits."""
+    """A priority level as a header (HTTP's X-Priority, gRPC's x-priority) sends it: digits.
+    A number of any size is a level (the engine says which are this server's)."""
     text = raw.strip()
-    if not (text.isascii() and text.isdigit() and len(text) <= 9):
+    if not (text.isascii() and text.isdigit()):
         raise MalformedRequest(f"{where} must be a level: 1 (first), 2, ...; 0 is the default")
-    return int(text)
+    return int(text) if len(text) <= 18 else 10**18  # (past every server's levels)
 
 
 def truncation(parameters: Mapping[str, object]) -> Truncation:
