@@ -22,6 +22,7 @@ from bucketserve.core.queues import BucketQueues, Pending
 from bucketserve.core.registry import Registry
 from bucketserve.core.result_cache import ResultCache, exact_inputs
 from bucketserve.core.shares import Shares
+from bucketserve.edges.auth import ApiKeys
 from bucketserve.process.wiring import wire
 from bucketserve.settings import Settings
 from modelgen.graphs import encoder
@@ -185,6 +186,19 @@ def test_a_tenant_room_in_the_queue_holds_some_back_for_others() -> None:
     assert shares.room("small", 900) == 225  # 1 / (1 + 2 + 1)
     assert not shares.over_share("other", 900, 900)  # nothing waiting: any request starts
     assert not Shares().over_share("", 5, 10)  # one tenant: only a full queue refuses it
+
+
+def test_room_is_held_for_another_tenant_only_where_one_may_come() -> None:
+    """What the process wires (`Shares(reserve=...)`): two key names, or a tenant header,
+    mean another tenant may come; one name (a rotation's two keys included) means none."""
+    assert ApiKeys({"sk-1": "search", "sk-2": "indexer"}).tenants_may_differ
+    assert not ApiKeys({"sk-1": "search", "sk-2": "search"}).tenants_may_differ
+    assert not ApiKeys(()).tenants_may_differ
+    assert ApiKeys((), tenant_header="X-Tenant").tenants_may_differ
+    keys = ApiKeys({"sk-1": "search"}, tenant_header="X-Tenant")
+    assert keys.tenant(["Bearer sk-1"], "gateway-named") == "gateway-named"
+    assert keys.tenant(["Bearer sk-1"], None) == "search"  # no header: the key's name
+    assert keys.tenant(["Bearer wrong"], None) == ""
 
 
 def keyed_engine(tmp_path: Path, queue_capacity: int) -> tuple[Engine, FakeExecutor, Settings]:
