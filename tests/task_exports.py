@@ -41,12 +41,7 @@ def write_classifier(
     from transformers import BertForSequenceClassification
 
     torch.manual_seed(seed)
-    config = _bert_config(
-        num_labels=len(labels),
-        id2label=dict(enumerate(labels)),
-        label2id={label: i for i, label in enumerate(labels)},
-        problem_type=problem_type,
-    )
+    config = _bert_config(**_labelled(labels), problem_type=problem_type)
     model = BertForSequenceClassification(config).eval()
     _export(model, folder, {"logits": {0: "batch_size"}})
     model.config.architectures = [type(model).__name__]  # (as save_pretrained sets it)
@@ -56,6 +51,15 @@ def write_classifier(
         written["sentence_transformers"] = CROSS_ENCODER
         (folder / "config.json").write_text(json.dumps(written, indent=2))
     return model
+
+
+def _labelled(labels: list[str]) -> dict[str, Any]:
+    """A classification head's labels, as transformers' config holds them."""
+    return {
+        "num_labels": len(labels),
+        "id2label": dict(enumerate(labels)),
+        "label2id": {label: i for i, label in enumerate(labels)},
+    }
 
 
 def _bert_config(**extra: Any) -> Any:
@@ -89,11 +93,7 @@ def write_token_classifier(folder: Path, labels: list[str], seed: int = 0) -> An
     from transformers import BertForTokenClassification
 
     torch.manual_seed(seed)
-    config = _bert_config(
-        num_labels=len(labels),
-        id2label=dict(enumerate(labels)),
-        label2id={label: i for i, label in enumerate(labels)},
-    )
+    config = _bert_config(**_labelled(labels))
     model = BertForTokenClassification(config).eval()
     _export(model, folder, {"logits": {0: "batch_size", 1: "sequence_length"}})
     model.config.architectures = [type(model).__name__]

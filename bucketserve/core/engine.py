@@ -291,7 +291,10 @@ class Engine:
             served.from_cache += 1
         else:
             todo = [sequences[i] for i in missing]
-            ran = await scheduler.infer(todo, deadline, call.request_id, level, call.tenant)
+            identities = [keys[i] for i in missing]  # (not made again to share a run)
+            ran = await scheduler.infer(
+                todo, deadline, call.request_id, level, call.tenant, identities
+            )
             for i, out in zip(missing, ran, strict=True):
                 found[i] = chosen = {name: out[name] for name in wanted}
                 cache.put(keys[i], wanted, chosen)

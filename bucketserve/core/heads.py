@@ -16,7 +16,7 @@ outputs, already cut to the sequence's own length. Imports the model and its rul
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import numpy as np
 
@@ -26,6 +26,8 @@ from bucketserve.core.layout import Outputs, token_ids
 from bucketserve.core.model import Model
 from bucketserve.core.sparse import MultiVector, SparseRule
 from bucketserve.errors import TaskNotServed
+
+R = TypeVar("R")
 
 EMBEDDING = "embedding"  # the name of what `Embed` answers for each sequence
 SCORES = "scores"  # what `Classify` answers: a score for each label, in the labels' order
@@ -60,14 +62,22 @@ class Embed:
         return {EMBEDDING: rule.vector(outputs[rule.output], self.dimensions)}
 
 
+def not_served(model: Model, why: str) -> TaskNotServed:
+    """The error of a task `model` does not serve (`why`), naming those it does."""
+    return TaskNotServed(
+        f"model {model.name} {why} (it serves {', '.join(model.info.tasks)})", param="model"
+    )
+
+
+def served(model: Model, rule: R | None, why: str) -> R:
+    """`rule`, the model's rule for a task, or the error saying `why` it has none."""
+    if rule is None:
+        raise not_served(model, why)
+    return rule
+
+
 def embedding_rule(model: Model) -> Embedding:
-    if model.info.embedding is None:
-        raise TaskNotServed(
-            f"model {model.name} does not embed: its config has no [embedding] (it serves "
-            f"{', '.join(model.info.tasks)})",
-            param="model",
-        )
-    return model.info.embedding
+    return served(model, model.info.embedding, "does not embed: its config has no [embedding]")
 
 
 @dataclass(frozen=True)
@@ -98,11 +108,7 @@ class Rerank:
     def outputs(self, model: Model) -> tuple[str, ...]:
         rule = classifier_rule(model)
         if rule.rerank_label is None:
-            raise TaskNotServed(
-                f"model {model.name} does not rerank: its [classifier] names no rerank_label "
-                f"(it serves {', '.join(model.info.tasks)})",
-                param="model",
-            )
+            raise not_served(model, "does not rerank: its [classifier] names no rerank_label")
         return (rule.output,)
 
     def answer(self, model: Model, outputs: Outputs, sequence: np.ndarray) -> Outputs:
@@ -111,13 +117,7 @@ class Rerank:
 
 
 def classifier_rule(model: Model) -> Classifier:
-    if model.info.classifier is None:
-        raise TaskNotServed(
-            f"model {model.name} does not classify: its config has no [classifier] (it serves "
-            f"{', '.join(model.info.tasks)})",
-            param="model",
-        )
-    return model.info.classifier
+    return served(model, model.info.classifier, "does not classify: its config has no [classifier]")
 
 
 @dataclass(frozen=True)
@@ -148,30 +148,22 @@ class EmbedAll:
 
 
 def sparse_rule(model: Model) -> SparseRule:
-    if model.info.sparse is None:
-        raise TaskNotServed(
-            f"model {model.name} does not give sparse weights: its config has no [sparse] (it "
-            f"serves {', '.join(model.info.tasks)})",
-            param="model",
-        )
-    return model.info.sparse
+    return served(
+        model, model.info.sparse, "does not give sparse weights: its config has no [sparse]"
+    )
 
 
 def multi_vector_rule(model: Model) -> MultiVector:
-    if model.info.multi_vector is None:
-        raise TaskNotServed(
-            f"model {model.name} gives no vector per token: its config has no [multi_vector] "
-            f"nor a per-token [embedding] (it serves {', '.join(model.info.tasks)})",
-            param="model",
-        )
-    return model.info.multi_vector
+    return served(
+        model,
+        model.info.multi_vector,
+        "gives no vector per token: its config has no [multi_vector] nor a per-token [embedding]",
+    )
 
 
 def token_classifier_rule(model: Model) -> Classifier:
-    if model.info.token_classifier is None:
-        raise TaskNotServed(
-            f"model {model.name} does not classify tokens: its config has no [token_classifier] "
-            f"(it serves {', '.join(model.info.tasks)})",
-            param="model",
-        )
-    return model.info.token_classifier
+    return served(
+        model,
+        model.info.token_classifier,
+        "does not classify tokens: its config has no [token_classifier]",
+    )

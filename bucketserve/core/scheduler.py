@@ -174,10 +174,11 @@ class Scheduler:
         request_id: str = "",
         level: int = 1,
         tenant: str = "",
+        identities: Sequence[bytes] | None = None,
     ) -> list[asyncio.Future[Outputs]]:
         """Let a request's validated sequences in, each into its bucket (or joining an
         identical one in flight), or refuse the request whole. One future per sequence, in
-        order."""
+        order. `identities`: their exact inputs, where the caller has them already."""
         name = self.model.name
         self.refuse_now(len(sequences), level, tenant)
         now = self._clock()
@@ -188,10 +189,12 @@ class Scheduler:
         loop = asyncio.get_running_loop()
         futures: list[asyncio.Future[Outputs]] = []
         joined = joined_tokens = 0
-        for seq in sequences:
+        if identities is None and self._share_identical:
+            identities = [exact_inputs(seq) for seq in sequences]
+        for i, seq in enumerate(sequences):
             future: asyncio.Future[Outputs] = loop.create_future()
             futures.append(future)
-            identity = exact_inputs(seq) if self._share_identical else None
+            identity = identities[i] if identities is not None else None
             leader = None if identity is None else self._in_flight_by_input.get(identity)
             if leader is not None:
                 self.queues.join(leader, future, deadline, level)
@@ -219,9 +222,10 @@ class Scheduler:
         request_id: str = "",
         level: int = 1,
         tenant: str = "",
+        identities: Sequence[bytes] | None = None,
     ) -> list[Outputs]:
         """Admit the sequences and wait for their outputs, in order, until the deadline."""
-        futures = self.admit(sequences, deadline, request_id, level, tenant)
+        futures = self.admit(sequences, deadline, request_id, level, tenant, identities)
         self._in_flight += 1
         try:
             # asyncio.wait, not wait_for(gather(...)): cancelling a gather under wait_for leaves

@@ -21,7 +21,7 @@ from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError
 
 from bucketserve.core.calls import Inputs, Sequences, Texts
-from bucketserve.core.heads import EMBEDDING, Embed
+from bucketserve.core.heads import EMBEDDING, Embed, not_served
 from bucketserve.core.model import Model, Truncation
 from bucketserve.edges.http.common import (
     JSON,
@@ -36,7 +36,7 @@ from bucketserve.edges.http.common import (
     unless_client_leaves,
 )
 from bucketserve.edges.http.schemas import WHY, Integer, Positive, inlined, is_integer
-from bucketserve.errors import BucketserveError, InvalidInput, MalformedRequest, TaskNotServed
+from bucketserve.errors import BucketserveError, InvalidInput, MalformedRequest
 
 router = APIRouter(prefix="/v1", tags=["OpenAI"])
 
@@ -274,9 +274,5 @@ async def models(request: Request) -> Response:
 async def model(request: Request, name: str) -> Response:
     found = engine_of(request).model(name)
     if not set(RETRIEVAL) & set(found.info.tasks):
-        raise TaskNotServed(
-            f"model {name} serves none of {', '.join(RETRIEVAL)} (it serves "
-            f"{', '.join(found.info.tasks)})",
-            param="model",
-        )
+        raise not_served(found, f"serves none of {', '.join(RETRIEVAL)}")
     return json_response(card(found))

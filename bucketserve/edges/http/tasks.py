@@ -43,6 +43,7 @@ from bucketserve.core.heads import (
     Rerank,
     Sparse,
     classifier_rule,
+    not_served,
     token_classifier_rule,
 )
 from bucketserve.core.model import Model, Truncation
@@ -53,7 +54,7 @@ from bucketserve.edges.http.common import (
 )
 from bucketserve.edges.http.schemas import Integer, Positive, Strict
 from bucketserve.edges.http.task_call import READ, body_of, model_for, post, run
-from bucketserve.errors import InvalidInput, TaskNotServed
+from bucketserve.errors import InvalidInput
 
 router = APIRouter(tags=["Tasks"])
 
@@ -310,10 +311,7 @@ def tokenizing_model(request: Request, name: str | None) -> Model:
     engine = engine_of(request)
     model = engine.model(model_for(engine, name, "tokenize"))
     if model.tokenizer is None:
-        raise TaskNotServed(
-            f"model {model.name} has no tokenizer (it serves {', '.join(model.info.tasks)})",
-            param="model",
-        )
+        raise not_served(model, "has no tokenizer")
     return model
 
 
