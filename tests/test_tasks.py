@@ -250,6 +250,39 @@ async def test_classify_a_text_a_pair_and_a_batch(
             assert r["score"] == pytest.approx(float(logits[index]), abs=TOLERANCE)
 
 
+@pytest.mark.parametrize("count", [1, 3, 5])
+async def test_a_flat_list_of_texts_is_a_batch_with_an_answer_each(
+    client: httpx.AsyncClient, repository: Repository, count: int
+) -> None:
+    """As TEI reads its /predict body: a list of one, or of three or more, strings is a batch
+    of texts (two strings are one pair); never one text with the rest dropped."""
+    batch = ["good movie", "bad movie", "meh", "the cat read", "a long day"][:count]
+    answer = await client.post("/classify", json={"model": "sentiment", "inputs": batch})
+    assert answer.status_code == 200, answer.text
+    assert len(answer.json()) == count
+    for text, scores in zip(batch, answer.json(), strict=True):
+        want = repository.sentiment.pipeline_scores(text)
+        for r in scores:
+            assert r["score"] == pytest.approx(want[r["label"]], abs=TOLERANCE)
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/rerank", {"query": QUERY, "texts": ["a"], "prompt_name": "query"}),
+        ("/rerank", {"query": QUERY, "texts": ["a"], "prompt_name": "no such prompt"}),
+        ("/classify", {"model": "sentiment", "inputs": ["a", "b"], "prompt_name": "query"}),
+        ("/classify", {"model": "sentiment", "inputs": [["a", "b"]], "prompt_name": "x"}),
+    ],
+)
+async def test_a_prompt_named_for_a_pair_is_refused_not_ignored(
+    client: httpx.AsyncClient, path: str, body: dict[str, Any]
+) -> None:
+    answer = await client.post(path, json=body)
+    assert answer.status_code == 422, answer.text
+    assert "a text pair is scored as sent" in answer.json()["error"]["message"]
+
+
 async def test_rerank_and_classify_beside_embeddings_under_concurrent_traffic(
     client: httpx.AsyncClient, repository: Repository
 ) -> None:

@@ -20,6 +20,7 @@ from bucketserve.core.classifier import Classifier
 from bucketserve.core.embedding import Embedding
 from bucketserve.core.layout import Layout, Outputs, segmented
 from bucketserve.core.sparse import MultiVector, SparseRule
+from bucketserve.core.text_cut import BEYOND, cut_text
 from bucketserve.errors import InvalidInput
 
 if TYPE_CHECKING:
@@ -235,6 +236,7 @@ class Model:
         self.tokenizer = tokenizer
         self.lone = lone
         self._left: Tokenizer | None = None  # the tokenizer cutting texts from the start
+        self._uncut: Tokenizer | None = None  # the tokenizer that cuts nothing: a text's words
 
     @property
     def binding(self) -> str:
@@ -255,7 +257,7 @@ class Model:
     ) -> list[np.ndarray]:
         """Texts, or text pairs (with each token's segment), -> token id sequences, for models
         whose config names a tokenizer; each cut to the model's length as `truncation` says."""
-        encodings = self._encodings(texts, truncation)
+        encodings = [e for e, _ in self._encodings(texts, truncation)]
         dtype = self.info.rules.dtype
         if texts and isinstance(texts[0], str):
             return [np.asarray(e.ids, dtype=dtype) for e in encodings]
@@ -266,12 +268,29 @@ class Model:
         texts: Sequence[str | tuple[str, str]],
         truncation: Truncation = TRUNCATE,
         special: bool = True,
-    ) -> list[Any]:
-        """The tokenizer's encodings of texts (or pairs), each first cut to the model's
-        characters; InvalidInput for one longer than the model takes, unless it may be cut."""
-        chars = self.info.text_chars
-        cut = [t[:chars] if isinstance(t, str) else (t[0][:chars], t[1][:chars]) for t in texts]
-        encodings = self._tokenizer(truncation).encode_batch(cut, add_special_tokens=special)
+    ) -> list[tuple[Any, int]]:
+        """The tokenizer's encodings of texts (or pairs), each with how many characters were
+        cut from its start: a text past the model's characters is first cut to a window on
+        the side the request keeps, holding every token the tokenizer keeps of it
+        (`text_cut`). InvalidInput for one longer than the model takes, unless it may be
+        cut."""
+        tokenizer = self._tokenizer(truncation)
+        chars = self.info.text_chars or BEYOND
+        pairs = bool(texts) and not isinstance(texts[0], str)
+        specials = tokenizer.num_special_tokens_to_add(pairs) if special else 0
+        cuts = [
+            cut_text(
+                text,
+                i,
+                chars=chars,
+                left=truncation.left,
+                allowed=truncation.allowed,
+                budget=self._max_tokens - specials,
+                words=self._words,
+            )
+            for i, text in enumerate(texts)
+        ]
+        encodings = tokenizer.encode_batch([c.text for c in cuts], add_special_tokens=special)
         if not truncation.allowed:
             longer = next((i for i, e in enumerate(encodings) if e.overflowing), None)
             if longer is not None:
@@ -279,7 +298,7 @@ class Model:
                     f"text {longer}: longer than the model takes ({self._max_tokens} tokens); "
                     "send truncate=true to have it cut"
                 )
-        return list(encodings)
+        return [(e, c.shift) for e, c in zip(encodings, cuts, strict=True)]
 
     def _tokenizer(self, truncation: Truncation) -> Tokenizer:
         if self.tokenizer is None:
@@ -294,6 +313,15 @@ class Model:
             self._left = left
         return self._left
 
+    def _words(self, text: str) -> list[int | None]:
+        """Each token's word, as the tokenizer splits `text` whole (no special tokens)."""
+        if self._uncut is None:  # (made once, on the first long text: a copy)
+            assert self.tokenizer is not None
+            uncut = type(self.tokenizer).from_str(self.tokenizer.to_str())
+            uncut.no_truncation()
+            self._uncut = uncut
+        return list(self._uncut.encode(text, add_special_tokens=False).word_ids)
+
     def tokens(
         self, texts: Sequence[str], special: bool = True, truncation: Truncation = TRUNCATE
     ) -> list[list[dict[str, Any]]]:
@@ -301,16 +329,17 @@ class Model:
         text it covers (a special token's own), whether it is special, its character span,
         and the token's own string (`piece`: a WordPiece continuation's "##s")."""
         encodings = self._encodings(texts, truncation, special)
-        return [  # (spans lie within the characters the text was cut to)
+        return [
             [
-                {"id": i, "text": piece if mark else text[a:b], "special": bool(mark)}
-                | ({} if mark else {"start": a, "stop": b})
+                {"id": i, "text": piece if mark else text[a + shift : b + shift]}
+                | {"special": bool(mark)}
+                | ({} if mark else {"start": a + shift, "stop": b + shift})
                 | {"piece": piece}
                 for i, piece, mark, (a, b) in zip(
                     e.ids, e.tokens, e.special_tokens_mask, e.offsets, strict=True
                 )
             ]
-            for text, e in zip(texts, encodings, strict=True)
+            for text, (e, shift) in zip(texts, encodings, strict=True)
         ]
 
     def joined(self, pieces: Sequence[str]) -> str:

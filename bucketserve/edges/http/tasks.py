@@ -116,12 +116,30 @@ Item = Text | Annotated[list[Text], Field(min_length=1, max_length=2)]
 
 
 class ClassifyBody(_TextOptions):
-    """text-embeddings-inference's /predict body: a text, a pair [a, b], or a batch of them
-    (a batch of texts is [[a], [b]], as a list of two strings is one pair)."""
+    """text-embeddings-inference's /predict body, read as TEI reads it: a text; a pair [a, b]
+    (two strings are one pair); or a batch: a list of one or three or more texts, of pairs
+    [[a, b], ...], or of texts each in a list of one [[a], [b]]."""
 
     inputs: Item | Annotated[list[Item], Field(min_length=1)]
     raw_scores: StrictBool = Field(False, description="the logits, not their scores")
     top_k: Positive | None = Field(None, description="the best this many labels (default: all)")
+
+    @property
+    def single(self) -> bool:
+        """Whether the body is one text or one pair (answered unnested), not a batch."""
+        given = self.inputs
+        pair = len(given) == 2 and all(isinstance(x, str) for x in given)
+        return isinstance(given, str) or pair
+
+    @property
+    def items(self) -> list[list[str]]:
+        """Each item of the batch (one, when `single`): a text as [text], a pair as [a, b]."""
+        given = self.inputs
+        if isinstance(given, str):
+            return [[given]]
+        if self.single:
+            return [list(given)]  # type: ignore[arg-type]
+        return [[item] if isinstance(item, str) else list(item) for item in given]
 
 
 class TextsBody(_TextOptions):
@@ -179,6 +197,7 @@ def ranked(scores: Sequence[float] | np.ndarray, top: int | None) -> list[int]:
 )
 async def rerank_tei(request: Request) -> Response:
     body: TeiRerankBody = await body_of(request, TeiRerankBody)
+    refuse_prompt_for_pairs(body.prompt_name)
     name = model_for(engine_of(request), body.model, "rerank")
     pairs = TextPairs([(body.query, text) for text in body.texts], body.truncation)
     answer = await run(request, pairs, name, Rerank(body.raw_scores))
@@ -233,16 +252,15 @@ for path in ("/v1/rerank", "/v2/rerank"):
 )
 async def classify(request: Request) -> Response:
     body: ClassifyBody = await body_of(request, ClassifyBody)
-    single = isinstance(body.inputs, str) or all(isinstance(x, str) for x in body.inputs)
-    items: list[Any] = [body.inputs] if single else list(body.inputs)
-    texts = [[item] if isinstance(item, str) else item for item in items]
+    texts = body.items
     if any(len(t) == 2 for t in texts) and any(len(t) == 1 for t in texts):
         raise InvalidInput("inputs: send texts, or pairs, not both in one batch")
-    inputs: Inputs = (
-        TextPairs([(a, b) for a, b in texts], body.truncation)
-        if len(texts[0]) == 2
-        else Texts([t[0] for t in texts], body.truncation, body.prompt_name)
-    )
+    inputs: Inputs
+    if len(texts[0]) == 2:
+        refuse_prompt_for_pairs(body.prompt_name)
+        inputs = TextPairs([(a, b) for a, b in texts], body.truncation)
+    else:
+        inputs = Texts([t[0] for t in texts], body.truncation, body.prompt_name)
     name = model_for(engine_of(request), body.model, "classify")
     answer = await run(request, inputs, name, Classify(body.raw_scores))
     labels = classifier_rule(answer.model).labels
@@ -250,7 +268,18 @@ async def classify(request: Request) -> Response:
         [{"label": labels[i], "score": float(scores[i])} for i in ranked(scores, body.top_k)]
         for scores in (out[SCORES] for out in answer.outputs)
     ]
-    return json_response(results[0] if single else results)
+    return json_response(results[0] if body.single else results)
+
+
+def refuse_prompt_for_pairs(prompt_name: str | None) -> None:
+    """A prompt goes before a text that is embedded or classified alone; a pair (a query and
+    a document) is scored as sent, so a prompt named for one is refused, not ignored."""
+    if prompt_name is not None:
+        raise InvalidInput(
+            "prompt_name: a text pair is scored as sent; a model's prompts go before single "
+            "texts (embed or classify texts, not pairs, to use one)",
+            param="prompt_name",
+        )
 
 
 @post(
