@@ -6,6 +6,8 @@ applied inside that call; and the import contracts keep any edge from reaching p
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from typing import Any
 
 import numpy as np
@@ -16,7 +18,7 @@ from bucketserve.core.embedding import Embedding, Pooling
 from bucketserve.core.engine import Engine
 from bucketserve.core.heads import EMBEDDING, Embed
 from bucketserve.core.registry import Registry
-from bucketserve.errors import InvalidInput
+from bucketserve.errors import InferenceFailed, InvalidInput
 from bucketserve.metrics import Metrics
 from bucketserve.settings import Settings
 from loadtest.process import free_port
@@ -142,3 +144,33 @@ async def test_a_task_head_answers_inside_the_one_call() -> None:
     assert answer.lengths == [3, 1]
     assert refused.value.param == "model"
     assert plain_runs.batches == []
+
+
+async def test_a_head_answers_in_the_worker_as_its_batch_finishes() -> None:
+    """A head turns each sequence's outputs into its answer in the thread that ran the batch,
+    so a request's future holds the answer; a head that fails fails its own sequence only."""
+
+    class Recorded(Embed):
+        threads: list[str] = []  # noqa: RUF012 (one list the test reads)
+
+        def answer(self, model: Any, outputs: Any, sequence: np.ndarray) -> Any:
+            Recorded.threads.append(threading.current_thread().name)
+            if len(sequence) == 2:
+                raise ValueError("a head's fault")
+            return super().answer(model, outputs, sequence)
+
+    rule = Embedding("doubled", Pooling.MEAN, normalize=False, width=None, dimensions="any")
+    embedder, runs = fake_model("embedder", embedding=rule, max_queue_delay_ms=50)
+    engine = Engine(Registry({"embedder": embedder}))
+    async with engine.running(Metrics()):
+        good, bad = await asyncio.gather(
+            engine.infer(Call(Sequences([[1, 2, 3]]), "embedder", head=Recorded())),
+            engine.infer(Call(Sequences([[4, 5]]), "embedder", head=Recorded())),
+            return_exceptions=True,
+        )
+    assert isinstance(good, Answer)
+    assert float(good.outputs[0][EMBEDDING]) == 4.0
+    assert isinstance(bad, InferenceFailed)
+    assert len(runs.batches) == 1  # (one batch, two requests: the failure stayed the second's)
+    assert Recorded.threads
+    assert all(name.startswith("run-embedder") for name in Recorded.threads)

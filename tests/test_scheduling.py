@@ -397,14 +397,14 @@ def test_the_cache_keeps_to_its_bound_least_recently_used_out() -> None:
     cache = ResultCache(bound_bytes=3 * 1400)
     keys = [exact_inputs(np.full(4, i)) for i in range(4)]
     for key in keys[:3]:
-        cache.put(key, ["v"], {"v": np.zeros(256, np.float32)})  # ~1 KiB an entry
-    assert cache.get(keys[0], ["v"]) is not None  # now the most recent
-    cache.put(keys[3], ["v"], {"v": np.zeros(256, np.float32)})
-    assert cache.get(keys[1], ["v"]) is None  # the least recently used went
-    assert cache.get(keys[0], ["v"]) is not None
-    assert cache.get(keys[3], ["v"]) is not None
+        cache.put(key, {"v": np.zeros(256, np.float32)})  # ~1 KiB an entry
+    assert cache.get(keys[0]) is not None  # now the most recent
+    cache.put(keys[3], {"v": np.zeros(256, np.float32)})
+    assert cache.get(keys[1]) is None  # the least recently used went
+    assert cache.get(keys[0]) is not None
+    assert cache.get(keys[3]) is not None
     assert cache.bytes <= cache.bound_bytes
-    kept = cache.get(keys[0], ["v"])
+    kept = cache.get(keys[0])
     assert kept is not None
     assert not kept["v"].flags.writeable
     assert exact_inputs(np.arange(4)) != exact_inputs(np.arange(4).astype(np.int32))

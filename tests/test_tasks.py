@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import re
 import tomllib
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -367,6 +368,24 @@ async def test_sparse_weights_pool_the_masked_lm_as_splade(
     (five,) = top.json()
     largest = sorted(answer.json()[0], key=lambda w: -w["value"])[:5]
     assert five == sorted(largest, key=lambda w: w["index"])
+
+
+async def test_the_cache_keeps_sparse_answers_not_the_logits_they_came_from(
+    repository: Repository,
+) -> None:
+    """A head answers as its batch finishes, and the result cache keeps that answer: a text's
+    few weights, not its [T, vocab] logits (the bytes the cache reports, keys and overhead
+    included, are a fraction of the logits')."""
+    engine = load_engine(Settings(models=repository.models))
+    text = "the model read a long book about the river"
+    async with serving(engine) as client:
+        answer = await client.post("/embed_sparse", json={"model": "splade", "inputs": [text]})
+        metrics = (await client.get("/metrics")).text
+    assert answer.status_code == 200, answer.text
+    kept = re.search(r'bucketserve_result_cache_bytes\{model="splade",version="1"\} (\S+)', metrics)
+    assert kept is not None
+    logits = len(encoded(text)["input_ids"][0]) * len(vocabulary()) * 4
+    assert 0 < float(kept.group(1)) < logits / 4
 
 
 async def test_embed_all_gives_one_vector_per_token(

@@ -3,14 +3,14 @@ uses; `start`, `drain` and `stop` run the models the registry serves, each versi
 scheduler. Imports the registry, the call, the scheduler and the lifecycle below it.
 
 A call is decided here, in this order: which model and version (the registry resolves it); its
-deadline (from then); its priority level; the outputs asked for, or what the call's task head
-reads; how many sequences (too many, or more than the queue can take now, is refused before
-anything is decoded); the sequences, validated (tokenised, for texts); the request's token
-budget; then the model's scheduler admits them (at the call's level, charged to its tenant)
-and answers, and the head (if any) turns each sequence's outputs into its answer. A model
-whose check proved its answers independent of batching and padding has an exact result cache
-(`result_cache`): a sequence answered before is answered from it, and only the others are
-admitted.
+deadline (from then); its priority level; its head: the task that answers from the outputs, or
+the outputs asked for by name (`heads.Picked`); how many sequences (too many, or more than the
+queue can take now, is refused before anything is decoded); the sequences, validated
+(tokenised, for texts); the request's token budget; then the model's scheduler admits them (at
+the call's level, charged to its tenant) and the head answers each from its outputs in the
+worker thread, as its batch finishes. A model whose check proved its answers independent of
+batching and padding has an exact result cache (`result_cache`) of answers by sequence and
+head: a sequence answered before is answered from it, and only the others are admitted.
 
 The engine's one lifecycle state is shared by every scheduler it runs, those started after a
 drain began included: a model that model control loads during a drain admits nothing. A model
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bucketserve.core.calls import Answer, Call
+from bucketserve.core.heads import Head, Picked, answer_key
 from bucketserve.core.layout import Outputs
 from bucketserve.core.lifecycle import Lifecycle
 from bucketserve.core.model import Model
@@ -245,8 +247,8 @@ class Engine:
         deadline = self.deadline(call.timeout_ms)  # (counted from the request's arrival here)
         with self.tracing.span("bucketserve.admission", {"bucketserve.model": model.name}):
             level = self.level(call.priority)
-            head = call.head
-            wanted = head.outputs(model) if head else wanted_outputs(model, call.outputs)
+            head = call.head or Picked(tuple(wanted_outputs(model, call.outputs)))
+            head.outputs(model)  # (a model that cannot do the task is refused here)
             count = call.inputs.count(model)
             if count > self.settings.max_sequences:
                 raise InvalidInput(f"too many sequences: {count} > {self.settings.max_sequences}")
@@ -257,32 +259,34 @@ class Engine:
             else:
                 sequences = call.inputs.sequences(model)
             self.within_token_budget(sequences)
-        chosen = await self._outputs(call, model, served, sequences, wanted, level, deadline)
-        if head is not None:
-            chosen = [head.answer(model, o, s) for o, s in zip(chosen, sequences, strict=True)]
-        return Answer(model, chosen, [len(s) for s in sequences])
+        answers = await self._answers(call, model, served, sequences, head, level, deadline)
+        return Answer(model, answers, [len(s) for s in sequences])
 
-    async def _outputs(
+    async def _answers(
         self,
         call: Call,
         model: Model,
         served: Served,
         sequences: Sequence[np.ndarray],
-        wanted: Sequence[str],
+        head: Head,
         level: int,
         deadline: float,
     ) -> list[Outputs]:
-        """Each sequence's wanted outputs: those the cache keeps from it, the others run."""
+        """Each sequence's answer by `head`: those the cache keeps, the others run (and
+        answered by the head in the worker, as their batch finishes)."""
         scheduler, cache = served.scheduler, served.cache
+        finish = functools.partial(head.answer, model)
         if cache is None:
-            ran = await scheduler.infer(sequences, deadline, call.request_id, level, call.tenant)
-            return [{name: out[name] for name in wanted} for out in ran]
+            return await scheduler.infer(
+                sequences, deadline, call.request_id, level, call.tenant, finish=finish
+            )
         if deadline <= time.monotonic():  # (as the scheduler refuses it: kept or not)
             if self._metrics is not None:
                 self._metrics.reject("deadline", level, call.tenant)
             raise DeadlineExceeded("the deadline passed before the request was queued")
-        keys = [exact_inputs(s) for s in sequences]
-        found = [cache.get(key, wanted) for key in keys]
+        asked = answer_key(head)
+        keys = [exact_inputs(s) + asked for s in sequences]
+        found = [cache.get(key) for key in keys]
         missing = [i for i, out in enumerate(found) if out is None]
         if self._metrics is not None:
             saved = sum(len(s) for s, out in zip(sequences, found, strict=True) if out is not None)
@@ -293,11 +297,11 @@ class Engine:
             todo = [sequences[i] for i in missing]
             identities = [keys[i] for i in missing]  # (not made again to share a run)
             ran = await scheduler.infer(
-                todo, deadline, call.request_id, level, call.tenant, identities
+                todo, deadline, call.request_id, level, call.tenant, identities, finish
             )
-            for i, out in zip(missing, ran, strict=True):
-                found[i] = chosen = {name: out[name] for name in wanted}
-                cache.put(keys[i], wanted, chosen)
+            for i, answer in zip(missing, ran, strict=True):
+                found[i] = answer
+                cache.put(keys[i], answer)
         return [out for out in found if out is not None]
 
 

@@ -11,6 +11,11 @@ outputs, already cut to the sequence's own length. Imports the model and its rul
 - `Sparse`: a text's weight for each vocabulary entry it touches, by its `[sparse]`.
 - `EmbedAll`: one vector per token, by its `[multi_vector]` (or its per-token embedding
   output, as it is).
+- `Picked`: the outputs a call asked for by name, as the model gives them (no task).
+
+A head answers in the worker thread that ran the sequence's batch, as the batch finishes
+(`Scheduler`): a request holds its answers, never the batch's raw outputs (a sparse model's
+logits are the vocabulary's width at every token), and the result cache keeps answers too.
 """
 
 from __future__ import annotations
@@ -46,6 +51,31 @@ class Head(Protocol):
         token ids a sparse vector is indexed by)."""
 
 
+def answer_key(head: Head) -> bytes:
+    """What tells heads' answers apart: identical sequences share a run, and the cache keeps
+    an answer, only under the same head (a frozen dataclass: its fields are its answer)."""
+    return repr(head).encode()
+
+
+def owned(array: np.ndarray) -> np.ndarray:
+    """`array`, or a copy where it is a view of a batch's output: an answer keeps nothing of
+    its batch alive."""
+    return array.copy() if isinstance(array, np.ndarray) and array.base is not None else array
+
+
+@dataclass(frozen=True)
+class Picked:
+    """The outputs asked for by name, each as the model gives it, cut to the sequence."""
+
+    names: tuple[str, ...]
+
+    def outputs(self, model: Model) -> tuple[str, ...]:
+        return self.names
+
+    def answer(self, model: Model, outputs: Outputs, sequence: np.ndarray) -> Outputs:
+        return {name: owned(outputs[name]) for name in self.names}
+
+
 @dataclass(frozen=True)
 class Embed:
     """A sequence's embedding, cut to `dimensions` where the model allows it (None: whole)."""
@@ -59,7 +89,7 @@ class Embed:
 
     def answer(self, model: Model, outputs: Outputs, sequence: np.ndarray) -> Outputs:
         rule = embedding_rule(model)
-        return {EMBEDDING: rule.vector(outputs[rule.output], self.dimensions)}
+        return {EMBEDDING: owned(rule.vector(outputs[rule.output], self.dimensions))}
 
 
 def not_served(model: Model, why: str) -> TaskNotServed:
@@ -96,7 +126,7 @@ class Classify:
 
     def answer(self, model: Model, outputs: Outputs, sequence: np.ndarray) -> Outputs:
         rule = self.rule(model)
-        return {SCORES: rule.scores(outputs[rule.output], self.raw)}
+        return {SCORES: owned(rule.scores(outputs[rule.output], self.raw))}
 
 
 @dataclass(frozen=True)
@@ -144,7 +174,7 @@ class EmbedAll:
 
     def answer(self, model: Model, outputs: Outputs, sequence: np.ndarray) -> Outputs:
         rule = multi_vector_rule(model)
-        return {VECTORS: rule.vectors(outputs[rule.output])}
+        return {VECTORS: owned(rule.vectors(outputs[rule.output]))}
 
 
 def sparse_rule(model: Model) -> SparseRule:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from math import inf
 from typing import Any
@@ -41,10 +42,16 @@ BETTER_LEVEL_RECENT_S = 1.0
 ROWS_BELOW_A_BETTER_LEVEL = 3
 
 
+# A sequence's answer from its outputs (and its steps): its request's task head, run in the
+# worker thread as its batch finishes.
+Finish = Callable[[Outputs, np.ndarray], Outputs]
+
+
 @dataclass(eq=False)
 class Pending:
-    """One sequence waiting in a bucket queue; its future gets that sequence's outputs, as do
-    the futures of identical sequences that joined it (`joined`: computed once for all)."""
+    """One sequence waiting in a bucket queue; its future gets that sequence's answer (its
+    outputs, `finish`ed), as do the futures of identical sequences that joined it (`joined`:
+    computed once for all, under the same head)."""
 
     sequence: np.ndarray
     future: asyncio.Future[Outputs]
@@ -55,6 +62,7 @@ class Pending:
     level: int = 1  # its priority: 1 goes first
     tenant: str = ""  # whose share it is charged to
     identity: bytes | None = None  # its exact inputs, where identical ones share one run
+    finish: Finish | None = None  # its answer from its outputs, in the worker (None: them)
     overtaken: int = 0  # times a batch of a better level was taken while it was ready
     joined: list[asyncio.Future[Outputs]] = field(default_factory=list)
 

@@ -1,5 +1,5 @@
 """The exact result cache: a model version's answers kept by the sequence's exact inputs and
-the outputs asked, for the engine to give again without running the model.
+the answer asked (its head), for the engine to give again without running the model.
 
 Only a model whose check proved its answers independent of batching and padding (policy
 `buckets`) has one: its answer to a sequence is then the same whoever it ran with, so an
@@ -11,7 +11,6 @@ the version is reloaded or unloaded.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
 
 import numpy as np
 
@@ -47,31 +46,27 @@ class ResultCache:
     def __init__(self, bound_bytes: int) -> None:
         self.bound_bytes = bound_bytes
         self.bytes = 0
-        self._entries: OrderedDict[tuple[bytes, tuple[str, ...]], tuple[Outputs, int]] = (
-            OrderedDict()
-        )
+        self._entries: OrderedDict[bytes, tuple[Outputs, int]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def get(self, inputs: bytes, wanted: Sequence[str]) -> Outputs | None:
-        """The answer kept for these inputs and outputs, now the most recently used."""
-        key = (inputs, tuple(wanted))
+    def get(self, key: bytes) -> Outputs | None:
+        """The answer kept under `key` (a sequence's exact inputs and its head), now the most
+        recently used."""
         found = self._entries.get(key)
         if found is None:
             return None
         self._entries.move_to_end(key)
         return found[0]
 
-    def put(self, inputs: bytes, wanted: Sequence[str], outputs: Outputs) -> None:
-        """Keep `outputs` (copied, and read-only: every request that gets them shares them),
-        dropping the least recently used until the bound holds. One larger than the bound is
-        not kept."""
-        key = (inputs, tuple(wanted))
+    def put(self, key: bytes, answer: Outputs) -> None:
+        """Keep `answer` (read-only, as every request that gets it shares it), dropping the
+        least recently used until the bound holds. One larger than the bound is not kept."""
         if key in self._entries:
             return
-        kept = {name: _frozen(array) for name, array in outputs.items()}
-        size = len(inputs) + sum(a.nbytes for a in kept.values()) + ENTRY_OVERHEAD
+        kept = {name: _frozen(array) for name, array in answer.items()}
+        size = len(key) + sum(np.asarray(a).nbytes for a in kept.values()) + ENTRY_OVERHEAD
         if size > self.bound_bytes:
             return
         self._entries[key] = (kept, size)
@@ -86,8 +81,11 @@ class ResultCache:
 
 
 def _frozen(array: np.ndarray) -> np.ndarray:
-    if np.ndim(array) == 0:  # a numpy scalar (one per sequence): immutable already
+    """`array` made read-only: a head's answer owns its data (`heads.owned`); a view of
+    something else is copied first, so that nothing more than the answer is kept."""
+    if not isinstance(array, np.ndarray):  # a numpy scalar (one per sequence): immutable
         return array
-    copy = np.array(array, copy=True)  # (not a view: a batch's whole output is not kept)
-    copy.flags.writeable = False
-    return copy
+    if array.base is not None:
+        array = array.copy()
+    array.flags.writeable = False
+    return array

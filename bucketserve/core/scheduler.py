@@ -38,7 +38,7 @@ import numpy as np
 from bucketserve.core.bucketing import BucketKey, BucketPlan
 from bucketserve.core.layout import Outputs
 from bucketserve.core.lifecycle import Lifecycle
-from bucketserve.core.queues import DEFAULT_MAX_OVERTAKES, BucketQueues, Pending
+from bucketserve.core.queues import DEFAULT_MAX_OVERTAKES, BucketQueues, Finish, Pending
 from bucketserve.core.result_cache import exact_inputs
 from bucketserve.core.shares import Shares
 from bucketserve.errors import DeadlineExceeded, InferenceFailed, Unavailable
@@ -175,10 +175,12 @@ class Scheduler:
         level: int = 1,
         tenant: str = "",
         identities: Sequence[bytes] | None = None,
+        finish: Finish | None = None,
     ) -> list[asyncio.Future[Outputs]]:
         """Let a request's validated sequences in, each into its bucket (or joining an
         identical one in flight), or refuse the request whole. One future per sequence, in
-        order. `identities`: their exact inputs, where the caller has them already."""
+        order. `identities`: their exact inputs and the answer asked (`finish`: made from
+        each sequence's outputs in the worker), where the caller has them already."""
         name = self.model.name
         self.refuse_now(len(sequences), level, tenant)
         now = self._clock()
@@ -203,6 +205,7 @@ class Scheduler:
             pending = Pending(
                 seq, future, now, deadline, request_id, self._tracing.queued(), level, tenant
             )
+            pending.finish = finish
             if identity is not None:
                 pending.identity = identity
                 self._in_flight_by_input[identity] = pending
@@ -223,9 +226,11 @@ class Scheduler:
         level: int = 1,
         tenant: str = "",
         identities: Sequence[bytes] | None = None,
+        finish: Finish | None = None,
     ) -> list[Outputs]:
-        """Admit the sequences and wait for their outputs, in order, until the deadline."""
-        futures = self.admit(sequences, deadline, request_id, level, tenant, identities)
+        """Admit the sequences and wait for their answers (`finish`ed outputs), in order,
+        until the deadline."""
+        futures = self.admit(sequences, deadline, request_id, level, tenant, identities, finish)
         self._in_flight += 1
         try:
             # asyncio.wait, not wait_for(gather(...)): cancelling a gather under wait_for leaves
@@ -323,6 +328,38 @@ class Scheduler:
             if item.identity is not None and self._in_flight_by_input.get(item.identity) is item:
                 del self._in_flight_by_input[item.identity]
 
+    def _answers(
+        self, key: BucketKey, items: Sequence[Pending], lone: bool
+    ) -> list[Outputs | Exception]:
+        """In the worker: the batch run, then each sequence's answer made from its outputs
+        as its request asked, so that nothing of the batch's outputs outlives it. An answer
+        that fails is that sequence's alone."""
+        outputs = self.model.run_batch(key, [item.sequence for item in items], lone)
+        answers: list[Outputs | Exception] = []
+        for item, out in zip(items, outputs, strict=True):
+            try:
+                answers.append(out if item.finish is None else item.finish(out, item.sequence))
+            except Exception as exc:  # (a head's fault is its request's, never the batch's)
+                answers.append(exc)
+        return answers
+
+    def _failed(self, item: Pending, cause: Exception | None = None) -> InferenceFailed:
+        """The error a sequence's requests get when it failed on the server (`cause`: its
+        answer's, logged here; a batch's is logged where it failed)."""
+        if cause is not None:
+            self._failures.log(
+                logging.ERROR,
+                "answer",
+                "model %s: the answer of a sequence of %d steps failed, for request %s",
+                self.model.name,
+                len(item.sequence),
+                item.request_id,
+                exc_info=cause,
+            )
+        return InferenceFailed(
+            f"inference failed on the server; its log says why, under request id {item.request_id}"
+        )
+
     async def _execute(
         self, key: BucketKey, items: list[Pending], lone: bool, instance: int = 0
     ) -> None:
@@ -349,9 +386,7 @@ class Scheduler:
             }
         try:
             with self._tracing.batch(waits, traced):
-                outputs = await loop.run_in_executor(
-                    self._worker, self.model.run_batch, key, sequences, lone
-                )
+                answers = await loop.run_in_executor(self._worker, self._answers, key, items, lone)
         except Exception as exc:
             if len(items) > 1:  # the sequence that failed it may be one: each runs alone
                 log.info(
@@ -377,20 +412,21 @@ class Scheduler:
             )
             self._left(items)
             for item in items:  # (the runtime's own words stay in the log: they are no API)
-                failed = InferenceFailed(
-                    f"inference failed on the server; its log says why, under request id "
-                    f"{item.request_id}"
-                )
+                failed = self._failed(item)
                 for future in item.futures:
                     if not future.done():
                         future.set_exception(failed)
         else:
             self._left(items)
             end = self._clock()
-            for item, out, tokens in zip(items, outputs, lengths, strict=True):
+            for item, answer, tokens in zip(items, answers, lengths, strict=True):
                 for future in item.futures:
-                    if not future.done():
-                        future.set_result(out)
+                    if future.done():
+                        continue
+                    if isinstance(answer, Exception):
+                        future.set_exception(self._failed(item, answer))
+                    else:
+                        future.set_result(answer)
                 self._observer.served(
                     self.model.name, item.level, item.tenant, start - item.enqueued, tokens
                 )

@@ -320,8 +320,8 @@ async def embed_sparse(request: Request) -> Response:
     return json_response(
         [
             [
-                {"index": int(i), "value": float(v)}
-                for i, v in zip(out[INDICES], out[VALUES], strict=True)
+                {"index": i, "value": v}  # (tolist: Python numbers in one call, not each)
+                for i, v in zip(out[INDICES].tolist(), out[VALUES].tolist(), strict=True)
             ]
             for out in answer.outputs
         ]
