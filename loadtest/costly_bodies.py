@@ -15,6 +15,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +77,10 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def measure(url: str, pid: int, path: str, body: bytes) -> dict[str, Any]:
+def measure(url: str, pid: int, path: str, body: bytes, copies: int = 1) -> dict[str, Any]:
+    """`body` sent to `path` (`copies` of it at once) while liveness is asked every 10 ms:
+    the first answer's status, the server's CPU, its Pss growth at the peak, the slowest
+    health answer, and the wall time until every copy was answered."""
     health: list[float] = []
     peak = [pss_bytes(pid)]
     before = peak[0]
@@ -96,22 +100,25 @@ def measure(url: str, pid: int, path: str, body: bytes) -> dict[str, Any]:
     time.sleep(0.1)
     cpu = cpu_seconds(pid)
     began = time.perf_counter()
-    answer = httpx.post(
-        url + path, content=body, headers={"content-type": "application/json"}, timeout=600
-    )
+    with ThreadPoolExecutor(copies) as pool:
+        answers = list(pool.map(lambda _: _post(url + path, body), range(copies)))
     seconds = time.perf_counter() - began
     cpu = cpu_seconds(pid) - cpu
     time.sleep(0.05)
     done.set()
     watcher.join()
     return {
-        "status": answer.status_code,
+        "status": answers[0].status_code,
         "mib": len(body) / 2**20,
         "cpu_s": cpu,
         "seconds": seconds,
         "pss_growth_mib": (max(peak) - before) / 2**20,
         "worst_health_ms": 1000 * max(health),
     }
+
+
+def _post(url: str, body: bytes) -> httpx.Response:
+    return httpx.post(url, content=body, headers={"content-type": "application/json"}, timeout=600)
 
 
 def main(argv: list[str] | None = None) -> int:

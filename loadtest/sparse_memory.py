@@ -8,7 +8,8 @@ token), exported as optimum writes one and brought in with `models import`. One 
 asks for liveness every 10 ms. Reported: the
 server's Pss growth at its peak, the slowest health answer meanwhile (the event loop's
 longest stall, as a client sees it) and the request's time; then the same for a large body of
-short strings the server refuses (`/embed_sparse` and `/v1/embeddings`, an 8 MiB body).
+short strings the server refuses (`/embed_sparse` and `/v1/embeddings`, an 8 MiB body; one,
+then six at once).
 
     python -m loadtest.sparse_memory --texts 256 --tokens 128
 """
@@ -86,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
             ):
                 refused = filled(shape, args.limit - 256)
                 rows.append((f"{path}, short strings", measure(url, process.pid, path, refused)))
+                six = measure(url, process.pid, path, refused, copies=6)
+                rows.append((f"{path}, short strings, six at once", six))
     print(
         "| request | body MiB | status | time s | Pss growth MiB | slowest health answer ms |\n"
         "| --- | --- | --- | --- | --- | --- |"

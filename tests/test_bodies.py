@@ -6,14 +6,18 @@ element against every form) sees it. The costs are measured by `loadtest.costly_
 
 from __future__ import annotations
 
+import re
+import tracemalloc
 from pathlib import Path
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from bucketserve.edges import kserve
 from bucketserve.edges.http import common
-from bucketserve.edges.http.common import parse_json
+from bucketserve.edges.http.common import outside_strings, parse_json
 from bucketserve.edges.http.openai_api import check_input, parse_embeddings
 from bucketserve.errors import MalformedRequest
 from tests.helpers import error_of, make_engine, serving
@@ -36,6 +40,41 @@ def test_more_values_than_a_request_holds_are_refused_before_they_are_made(
     monkeypatch.setattr(common.orjson, "loads", None)  # (parsing it would raise TypeError)
     with pytest.raises(MalformedRequest, match=r"holds 250000 values, more than the 66816 that"):
         parse_embeddings(body, STEPS, 256)
+
+
+def test_a_body_of_short_strings_is_refused_in_a_few_times_its_size() -> None:
+    """8 MiB of one-letter texts (two million strings) is counted without an object made per
+    string: refused with its count, in under four times the body's size of memory."""
+    body = orjson.dumps({"inputs": ["a"] * (8 * 2**20 // 4 - 8)})
+    tracemalloc.start()
+    try:
+        with pytest.raises(MalformedRequest, match=r"holds 2097143 values, more than"):
+            parse_json(body, 0, 66_112)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 * len(body)
+
+
+JSON_TEXT = st.text(st.sampled_from([*'ab,[]"\\{}: ', "\u00e9", "\u2028", "\U0001f600"]))
+JSON_VALUES = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**63 - 1)
+    | st.floats(allow_nan=False)
+    | JSON_TEXT,
+    lambda inner: st.lists(inner) | st.dictionaries(JSON_TEXT, inner),
+    max_leaves=30,
+)
+STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')  # (the count's reference: every string cut out)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(value=JSON_VALUES)
+def test_marks_outside_strings_are_counted_as_json_reads_them(value: object) -> None:
+    body = orjson.dumps(value)
+    for mark in (b",", b"["):
+        assert outside_strings(body, mark) == STRING.sub(b"", body).count(mark)
 
 
 def test_the_most_token_ids_and_texts_a_request_holds_are_parsed() -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import re
 import threading
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from importlib.metadata import version
@@ -153,21 +152,43 @@ def parse_json(raw: bytes, steps: int = 0, values: int | None = None) -> Any:
         raise MalformedRequest(f"body is not valid JSON: {exc}") from None
 
 
-_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
-
-
 def _within_budget(raw: bytes, mark: bytes, what: str, most: int) -> None:
     """MalformedRequest if `raw` holds `mark` (an array's opening, a separator) more than
     `most` times outside its strings (inside them it is text: counted only when the quick
     count says it matters)."""
     if raw.count(mark) <= most:
         return
-    count = _STRING.sub(b"", raw).count(mark)
+    count = outside_strings(raw, mark)
     if count > most:
         raise MalformedRequest(
             f"the body holds {count} {what}, more than the {most} that any request the "
             "server's limits allow needs"
         )
+
+
+QUOTE, BACKSLASH = ord('"'), ord("\\")
+
+
+def outside_strings(raw: bytes, mark: bytes) -> int:
+    """How often the byte `mark` occurs in JSON text `raw` outside its strings, counted over
+    arrays of the body's size (a few bytes a byte of body, whatever its shape: no object is
+    made per string, as a regular expression's match would be)."""
+    data = np.frombuffer(raw, np.uint8)
+    quotes = data == QUOTE
+    if BACKSLASH in data:  # (a quote after an odd run of backslashes is text, not an end)
+        quotes[_escaped(data == BACKSLASH)] = False
+    inside = np.logical_xor.accumulate(quotes, out=quotes)  # (an opening quote to its closing)
+    marks = data == mark[0]
+    every = np.count_nonzero(marks)
+    return int(every - np.count_nonzero(np.logical_and(marks, inside, out=marks)))
+
+
+def _escaped(backslash: np.ndarray) -> np.ndarray:
+    """The positions that follow a run of an odd number of backslashes."""
+    edges = np.flatnonzero(np.diff(backslash.astype(np.int8), prepend=0, append=0))
+    starts, ends = edges[::2], edges[1::2]  # (each run: [start, end))
+    after = ends[(ends - starts) % 2 == 1]
+    return after[after < len(backslash)]
 
 
 _pausing = threading.Lock()
