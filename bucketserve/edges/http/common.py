@@ -187,7 +187,7 @@ def _escaped(backslash: np.ndarray) -> np.ndarray:
     """The positions that follow a run of an odd number of backslashes."""
     edges = np.flatnonzero(np.diff(backslash.astype(np.int8), prepend=0, append=0))
     starts, ends = edges[::2], edges[1::2]  # (each run: [start, end))
-    after = ends[(ends - starts) % 2 == 1]
+    after: np.ndarray = ends[(ends - starts) % 2 == 1]
     return after[after < len(backslash)]
 
 
