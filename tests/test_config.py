@@ -33,6 +33,14 @@ GOOD = (MODELS / "tiny-encoder" / "config.toml").read_text()
         (('role = "mask"', 'role = "maskk"'), "inputs.attention_mask.role", "mask"),
         (("vocab_size = 2000\n", ""), "inputs.input_ids", "vocab_size"),
         (('role = "tokens"', 'role = "state"'), "(top level)", "exactly one input"),
+        (
+            (
+                '[inputs.token_type_ids]\nrole = "token_types"',
+                '[inputs.token_type_ids]\nrole = "row_lengths"',
+            ),
+            "(top level)",
+            "the server's own",
+        ),
         (("[batching]", "colour = 'red'\n[batching]"), "colour", "Extra inputs"),
         (('output = "sentence_embedding"', 'output = "pooled"'), "(top level)", "not one of"),
         (("normalize = true", "normalize = true\ndimensions = []"), "embedding.dimensions", "one"),

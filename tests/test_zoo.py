@@ -17,6 +17,7 @@ from bucketserve.edges.kserve import LENGTHS_INPUT, with_batch_axis
 from bucketserve.edges.tensors import DATATYPE_OF
 from bucketserve.loading import ModelSpec
 from bucketserve.loading.check import random_sequences
+from bucketserve.loading.pad_safe import LENGTHS_INPUT as PAD_SAFE_INPUT
 from bucketserve.runtime.sessions import GraphFile, side_session
 from tests.helpers import make_engine, serving, spec_of
 from tests.zoo import ZOO, add_to
@@ -189,3 +190,48 @@ class Alone:
     def _less_batch(self, name: str, out: np.ndarray) -> np.ndarray:
         batch = ZOO[self.spec.name].batch_axes.get(name, 0)
         return out if batch is None else np.take(out, 0, axis=batch)
+
+
+@pytest.mark.parametrize("name", ["unmasked-bilstm", "unmasked-bigru", "strided-bilstm"])
+async def test_a_pad_safe_copy_keeps_the_models_contract(tmp_models: Path, name: str) -> None:
+    """Served from the copy whose RNNs the server gives each row's length, a tagger shows its
+    own contract: its inputs alone in v2 metadata and the config route, its pad id reserved;
+    padded ids sent alone (each row ends at its first pad id, as the docs say) and padded ids
+    with `sequence_lengths` are both answered exactly; nothing names the server's input."""
+    add_to(tmp_models, name)
+    engine = make_engine(tmp_models, max_queue_delay_ms=5)
+    model = engine.model(name)
+    assert model.info.served_config["check"]["pad_safe"]["served"] == "rewritten"
+    rules, layout = model.info.rules, model.info.layout
+    assert rules.reserved_ids == (0,)
+    rng = np.random.default_rng(5)
+    lengths = [int(n) for n in rng.integers(1, model.plan.max_length + 1, 9)]
+    sequences = random_sequences(rules, lengths, seed=6)
+    requests = [sequences[i : i + 3] for i in range(0, len(sequences), 3)]
+    with_lengths = [v2_body(layout, r) for r in requests]
+    ids_alone = [
+        {"inputs": [t for t in body["inputs"] if t["name"] != LENGTHS_INPUT]}
+        for body in with_lengths
+    ]
+    async with serving(engine) as client:
+        metadata = (await client.get(f"/v2/models/{name}")).json()
+        config = (await client.get(f"/v2/models/{name}/config")).json()
+        answers = await asyncio.gather(
+            *(client.post(f"/v2/models/{name}/infer", json=b) for b in with_lengths + ids_alone)
+        )
+    graph_inputs = [i.tensor.name for i in layout.inputs if i.role is InputRole.TOKENS]
+    assert [i["name"] for i in metadata["inputs"]] == graph_inputs
+    assert PAD_SAFE_INPUT not in config["inputs"]
+    assert [i["name"] for i in config["input"]] == graph_inputs
+    reference = Alone(spec_of(tmp_models, name))
+    for answer, request in zip(answers, requests + requests, strict=True):
+        assert answer.status_code == 200, answer.text
+        assert PAD_SAFE_INPUT not in answer.text
+        outputs = {o["name"]: o for o in answer.json()["outputs"]}
+        for row, seq in enumerate(request):
+            for output, alone in reference(seq).items():
+                tensor = with_batch_axis(layout.output(output))
+                sent = outputs[output]
+                got = tensor.to_batch_major(np.asarray(sent["data"]).reshape(sent["shape"]))[row]
+                got = tensor.row_as_sent(got[: alone.shape[tensor.row_time_axis]])
+                np.testing.assert_allclose(got, alone, rtol=1e-4, atol=1e-4)

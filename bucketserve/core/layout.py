@@ -33,6 +33,9 @@ class InputRole(StrEnum):
         "mask"  # 1 at real positions, 0 at padding (its pad value: 1 turns it round), [batch, time]
     )
     LENGTHS = "lengths"  # each row's length, [batch]
+    # each row's length, [batch], for an input the server added to a copy it rewrote (its
+    # RNNs given each row's length): fed by the server, never sent, never shown to a client
+    ROW_LENGTHS = "row_lengths"
     TOKEN_TYPES = "token_types"  # segment ids (a pair's second text 1, else 0), [batch, time]
     STATE = "state"  # e.g. an RNN's initial state; filled like MXNet's `state_names`
     CONSTANT = "constant"  # one value on every run (a sample rate): the config's, never sent
@@ -196,7 +199,7 @@ class Layout:
             elif inp.role is InputRole.MASK:  # its pad value at padding, the other at real steps
                 real = np.arange(length) < lengths[:, None]
                 batch = (real != bool(inp.fill)).astype(tensor.dtype)
-            elif inp.role is InputRole.LENGTHS:
+            elif inp.role in (InputRole.LENGTHS, InputRole.ROW_LENGTHS):
                 batch = lengths.astype(tensor.dtype)
             else:  # TOKEN_TYPES
                 batch = np.zeros(shape, tensor.dtype)

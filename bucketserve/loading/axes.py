@@ -223,9 +223,10 @@ def _input_axes(
         if batch < 0:
             raise fail(field, f"which dim of {_shown(dims)} is the batch? set batch_axis")
         return _check(tensor, Axes(batch), field, fail, batch_fixed)
-    if role not in (InputRole.MASK, InputRole.TOKEN_TYPES, InputRole.LENGTHS):
+    untimed = (InputRole.LENGTHS, InputRole.ROW_LENGTHS)
+    if role not in (InputRole.MASK, InputRole.TOKEN_TYPES, *untimed):
         raise fail(field, f"role {role.value!r}: only one input carries the sequence")
-    timed = role is not InputRole.LENGTHS
+    timed = role not in untimed
     if len(dims) != (2 if timed else 1):
         shape = "[batch, time]" if timed else "[batch]"
         raise fail(field, f"a {role.value} input has {shape}; got {_shown(dims)}")

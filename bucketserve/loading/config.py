@@ -320,6 +320,12 @@ class ModelConfig(_Strict):
                 "exactly one input must have role 'tokens' or 'features'; "
                 f"found {sequence or 'none'}"
             )
+        own = [n for n, i in self.inputs.items() if i.role is InputRole.ROW_LENGTHS]
+        if own:
+            raise ValueError(
+                f"inputs.{own[0]}: role 'row_lengths' is the server's own (an input it adds "
+                "to a copy it rewrites); a lengths input the model has is role 'lengths'"
+            )
         for role in (InputRole.MASK, InputRole.LENGTHS):
             named = [n for n, i in self.inputs.items() if i.role is role]
             if len(named) > 1:

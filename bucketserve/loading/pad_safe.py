@@ -8,7 +8,9 @@ Given each row's length, ONNX Runtime stops each row at its own end. So where th
 padding moves a model, and its graph has such nodes, the server writes a copy of it (into its
 own cache, as session-per-key's copy; the repository is never written) with one more input,
 each row's length, fed to every one of them, and checks the copy again: it is served in length
-buckets if padding no longer moves it, and the original as before otherwise.
+buckets if padding no longer moves it, and the original as before otherwise. The input is the
+server's own (`row_lengths`): it fills it from each row's length, and a client sees the
+model's contract as it was (its inputs, which ids are reserved, `sequence_lengths` over v2).
 
 A node behind a strided front end (a line recogniser's convolutions, a slice of every second
 frame) runs over fewer steps than the input has, so a row's length in input steps is not one
@@ -83,8 +85,8 @@ def pad_safe_spec(
     key = f"{content_key(spec)}-pad-safe{strided}"
     path = cached(spec, cache_dir, key, _write_pad_safe(lengths, steps))
     config = spec.config
-    if not told:
-        inputs = {**config.inputs, lengths: InputConfig(role=InputRole.LENGTHS)}
+    if not told:  # (the server's own input: the model's contract stays its original's)
+        inputs = {**config.inputs, lengths: InputConfig(role=InputRole.ROW_LENGTHS)}
         config = config.model_copy(update={"inputs": inputs})
     signature = read_signature(path, config)
     axes = resolve_axes(signature, config, functools.partial(ConfigError.at, path))

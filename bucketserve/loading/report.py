@@ -126,6 +126,9 @@ def served_config(
     config["batching"]["buckets"] = list(plan.edges)  # (served, not asked: at a multiple)
     config["batching"]["bucket_count"] = len(plan.edges)
     for inp in layout.inputs:
+        if inp.role is InputRole.ROW_LENGTHS:  # (the server's own: no part of the contract)
+            del config["inputs"][inp.tensor.name]
+            continue
         if inp.tensor.batch_axis is None:  # a constant, or a sequence input without a batch
             if inp.tensor.time_axis is not None:
                 config["inputs"][inp.tensor.name]["time_axis"] = inp.tensor.time_axis
