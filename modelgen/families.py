@@ -414,3 +414,59 @@ def crnn_line(
         [io("image", FLOAT, ["N", 3, height, "W"])],
         [io("log_probs", FLOAT, ["N", "W_out", vocab])],
     )
+
+
+def masked_bigru(
+    *,
+    padding_true: bool,
+    lengths_from_mask: bool,
+    vocab: int = 400,
+    embed: int = 16,
+    hidden: int = 24,
+    tags: int = 5,
+    seed: int = 67,
+) -> onnx.ModelProto:
+    """A tagger as a seq2seq package exports its encoder, its mask `padding_true` (BOOL, True
+    at the padding: `ids == pad_id`) or not (INT64 ones on the tokens), with three outputs:
+    per-step tags from a BiGRU and from the embeddings beside it (a residual path that reads
+    the tokens whichever way the mask is fed), the BiGRU's states, and their mean over the
+    mask. `lengths_from_mask`: each row's length for the BiGRU is counted from the mask (fed
+    the other way, the RNN runs over nothing); else the BiGRU has no lengths (the server's
+    copy gives it each row's), and the mask is read by the mean alone."""
+    g = _Graph(seed)
+    x = g.op("Gather", g.weight("embeddings", vocab, embed, scale=0.5), "input_ids")
+    mask = "padding_mask" if padding_true else "attention_mask"
+    real = g.op("Not", mask) if padding_true else g.op("Cast", mask, to=TensorProto.BOOL)
+    keep = g.op("Cast", real, to=FLOAT)  # [B, T]
+    time = g.const("time", np.array([1], np.int64))
+    lengths = g.op("Cast", g.op("ReduceSum", keep, time, keepdims=0), to=TensorProto.INT32)
+    w = g.weight("W", 2, 3 * hidden, embed, scale=1 / np.sqrt(embed))
+    r = g.weight("R", 2, 3 * hidden, hidden, scale=1 / np.sqrt(hidden))
+    b = g.weight("B", 2, 6 * hidden, scale=0.1)
+    y, _ = g.ops(
+        "GRU",
+        [g.op("Transpose", x, perm=[1, 0, 2]), w, r, b, *([lengths] if lengths_from_mask else [])],
+        2,
+        hidden_size=hidden,
+        direction="bidirectional",
+        linear_before_reset=1,
+    )
+    steps = g.op("Transpose", y, perm=[2, 0, 1, 3])  # [T, 2, B, H] -> [B, T, 2, H]
+    merged = g.op("Reshape", steps, g.const("merge", np.array([0, 0, 2 * hidden], np.int64)))
+    g.nodes.append(helper.make_node("Identity", [merged], ["states"]))
+    tagged = [g.linear(merged, 2 * hidden, tags), g.linear(x, embed, tags)]
+    g.nodes.append(helper.make_node("Add", tagged, ["tags"]))
+    kept = g.op("Unsqueeze", keep, g.const("last", np.array([2], np.int64)))
+    g.masked_mean(g.op("Mul", merged, kept), kept, "pooled")
+    return g.model(
+        "masked_bigru",
+        [
+            io("input_ids", INT64, ["batch", "time"]),
+            io(mask, TensorProto.BOOL if padding_true else INT64, ["batch", "time"]),
+        ],
+        [
+            io("tags", FLOAT, ["batch", "time", tags]),
+            io("states", FLOAT, ["batch", "time", 2 * hidden]),
+            io("pooled", FLOAT, ["batch", 2 * hidden]),
+        ],
+    )

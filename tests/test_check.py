@@ -93,6 +93,7 @@ def test_the_check_finds_each_exports_policy(
             "padding-mask-bigru",
             "strided-bilstm",
             "crnn-line",
+            "mask-pooled-bigru",
         )
     )
     own_steps = {"strided-bilstm": "floor((T + 1) / 2)", "crnn-line": "floor(T / 4)"}

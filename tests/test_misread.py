@@ -1,7 +1,8 @@
 """A model the server would feed wrong never answers 200: the load-time check knows when the
 input is misread. A mask set at the padding (the package passes `ids == pad_id`) is found and
 turned round when the config is silent, refused with the fix when the config says otherwise,
-taken as said when it is right; over /predict and KServe v2 (token ids alone, or the model's
+taken as said when it is right; a mask whose way nothing at load tells is refused naming
+`pad_value` unless the config says it; over /predict and KServe v2 (token ids alone, or the model's
 own mask) every answer equals the package's run on that sequence alone, unpadded. A model whose
 answers do not depend on its input never loads READY."""
 
@@ -11,12 +12,15 @@ import logging
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
+from onnx import TensorProto, helper
 
 from bucketserve.errors import ConfigError
 from bucketserve.loading.check import random_sequences
 from bucketserve.runtime.sessions import GraphFile, side_session
 from modelgen import families
+from modelgen.graphs import _Graph
 from modelgen.save import save_model
 from tests.helpers import make_engine, serving, spec_of
 from tests.zoo import BATCHING, add_to
@@ -148,3 +152,47 @@ def test_a_model_whose_answers_ignore_its_input_never_loads_ready(tmp_models: Pa
     partial = make_engine(tmp_models, "tiny-encoder", allow_partial=True)
     assert "reads-nothing" in partial.registry.failed
     assert "reads-nothing" not in partial.registry.models
+
+
+def both_ways_model() -> onnx.ModelProto:
+    """Ids and an INT64 mask -> twice the mean of the embeddings the mask marks plus the mean
+    of those it does not: the model reads its input with the mask either way round, padding
+    moves it either way, and the two ways answer apart."""
+    g = _Graph(71)
+    x = g.op("Gather", g.weight("embeddings", 300, 8, scale=0.5), "ids")
+    marked = g.op(
+        "Unsqueeze", g.op("Cast", "mask", to=TensorProto.FLOAT), g.const("a", np.array([2]))
+    )
+    unmarked = g.op("Sub", g.const("one", np.ones(1, np.float32)), marked)
+    g.masked_mean(g.op("Mul", x, marked), marked, "on_marked")
+    g.masked_mean(g.op("Mul", x, unmarked), unmarked, "on_unmarked")
+    doubled = g.op("Mul", "on_marked", g.const("two", np.full(1, 2, np.float32)))
+    g.nodes.append(helper.make_node("Add", [doubled, "on_unmarked"], ["out"]))
+    return g.model(
+        "both_ways",
+        [
+            helper.make_tensor_value_info(n, TensorProto.INT64, ["batch", "time"])
+            for n in ("ids", "mask")
+        ],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["batch", 8])],
+    )
+
+
+@pytest.mark.parametrize("said", ["", "pad_value = 0\n", "pad_value = 1\n"])
+def test_a_mask_nothing_tells_the_way_of_is_refused_unless_the_config_says(
+    tmp_models: Path, said: str
+) -> None:
+    folder = tmp_models / "both-ways"
+    save_model(both_ways_model(), folder / "1" / "model.onnx")
+    (folder / "config.toml").write_text(
+        '[inputs.ids]\nrole = "tokens"\nvocab_size = 300\n[inputs.mask]\nrole = "mask"\n'
+        f"{said}[outputs.out]\n" + BATCHING
+    )
+    if not said:
+        with pytest.raises(ConfigError, match=r"with the mask either way round .* say which "
+                           r"in its config, pad_value = 0 .* or pad_value = 1"):  # fmt: skip
+            make_engine(tmp_models)
+        return
+    model = make_engine(tmp_models).model("both-ways")
+    assert model.info.served_config["inputs"]["mask"]["pad_value"] == int(said[-2])
+    assert "mask" not in model.info.served_config["check"]

@@ -37,6 +37,12 @@ class Exhibit:
     multiple: int = 1  # the widths the model runs at: alone, a sequence is padded up to one
 
 
+MASKED_TAGGER = (
+    '[inputs.input_ids]\nrole = "tokens"\nvocab_size = 400\n[inputs.{mask}]\nrole = "mask"\n'
+    "[outputs.tags]\n[outputs.states]\n[outputs.pooled]\n" + BATCHING
+)
+
+
 def batching(buckets: list[int], max_batch_tokens: int) -> str:
     return BATCHING.replace("[4, 8, 16, 32, 64]", str(buckets)).replace(
         "max_batch_tokens = 512", f"max_batch_tokens = {max_batch_tokens}"
@@ -217,6 +223,32 @@ ZOO: dict[str, Exhibit] = {
         "exact-length",
         inline=True,
         multiple=32,
+    ),
+    # a BOOL mask True at the padding read only by a mean over it, beside a BiGRU without
+    # lengths and a path that reads the tokens either way; the config silent. Fed the mask
+    # the other way, only the mean stops reading the input: decided on the original graph,
+    # output by output, before the BiGRU is given each row's length
+    "mask-pooled-bigru": Exhibit(
+        lambda: families.masked_bigru(padding_true=True, lengths_from_mask=False),
+        MASKED_TAGGER.format(mask="padding_mask"),
+        "buckets",
+        inline=True,
+        mask_alone=0,
+    ),
+    # each row's RNN length counted from its own mask, the mask pointing each way (a BOOL
+    # True at the padding; INT64 ones on the tokens), the config silent on both
+    "mask-lengths-bigru": Exhibit(
+        lambda: families.masked_bigru(padding_true=True, lengths_from_mask=True),
+        MASKED_TAGGER.format(mask="padding_mask"),
+        "buckets",
+        inline=True,
+        mask_alone=0,
+    ),
+    "attention-lengths-bigru": Exhibit(
+        lambda: families.masked_bigru(padding_true=False, lengths_from_mask=True),
+        MASKED_TAGGER.format(mask="attention_mask"),
+        "buckets",
+        inline=True,
     ),
     # a BiGRU without sequence_lens: the server's copy is given each row's length
     "unmasked-bigru": Exhibit(

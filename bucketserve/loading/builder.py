@@ -1,10 +1,11 @@
 """The builder: a model spec becomes a ready model.
 
 spec -> the file its sessions load (for session-per-key, written once so they share weights)
--> a load-time session -> layout and rules (`layouts`) -> the invariance check (the mask
-turned round where it points the other way, `mask_way`; a model that does not read its input
-refused) and the policy it allows, where a copy may serve better checked too (a batch-1
-declaration freed, `batch_free`; RNNs given each row's length, `pad_safe`) -> whether
+-> a load-time session -> layout and rules (`layouts`) -> which way a mask points, decided on
+the original graph (`mask_way`) -> the invariance check (a model that does not read its input
+refused) and the policy it allows, where a copy may serve better checked too, its mask fed the
+way decided (a batch-1 declaration freed, `batch_free`; RNNs given each row's length,
+`pad_safe`) -> whether
 batching pays (`speed`) -> the bucket plan -> an executor (and, on a CPU, a second one on
 every core for a batch that runs alone, when it answers as the first) -> the keys the config
 asks for bound and warm -> `Model`. The loader (`loader`) calls it for every model of a
@@ -38,7 +39,7 @@ from bucketserve.loading.layouts import (
     sparse_of,
     token_classifier_of,
 )
-from bucketserve.loading.mask_way import mask_of, mask_way, reads_input
+from bucketserve.loading.mask_way import MaskWay, mask_of, mask_way, reads_input
 from bucketserve.loading.pad_safe import pad_safe_spec
 from bucketserve.loading.report import log_speed, log_verdict, pad_safe_report, served_config
 from bucketserve.loading.repository import (
@@ -110,7 +111,7 @@ def build_model(
         and (safe := pad_safe_spec(spec, cache, checked.graph.path, checked.served)) is not None
     ):
         try:
-            again = _checked(safe[0], wanted, cache)
+            again = _checked(safe[0], wanted, cache, checked.mask)
         except Exception as exc:  # a ConfigError, or ONNX Runtime refusing the rewritten copy
             log.warning(
                 "model %s: %s given each row's length fails the check (%s): the model is served "
@@ -183,7 +184,8 @@ def build_model(
         described["check"]["pad_safe"] = rewrite
     if speed is not None:
         described["check"]["speed"] = speed.described()
-    described["check"] |= checked.found
+    if checked.mask.found is not None:
+        described["check"]["mask"] = checked.mask.found
     info = ModelInfo(
         name=spec.name,
         version=spec.version,
@@ -228,7 +230,7 @@ def _batch_freed(checked: _Checked, binding: str, cache: Path) -> tuple[_Checked
     served where the check finds it batches exactly (`batch_free`); else the original."""
     name = checked.spec.name
     try:
-        again = _checked(freed_spec(checked.spec, cache), binding, cache)
+        again = _checked(freed_spec(checked.spec, cache), binding, cache, checked.mask)
     except Exception as exc:  # a ConfigError, or ONNX Runtime refusing the freed copy
         log.warning(
             "model %s: with its batch-1 declaration freed, its copy fails the check (%s): "
@@ -266,13 +268,16 @@ class _Checked:
     invariance: Invariance
     failures: list[str]
     seconds: float  # the check's
-    found: dict[str, Any]  # what the check found that the config did not say (the mask's way)
+    mask: MaskWay  # the way its mask is fed, decided on the original graph
 
 
-def _checked(spec: ModelSpec, binding: str, cache_dir: Path) -> _Checked:
+def _checked(
+    spec: ModelSpec, binding: str, cache_dir: Path, mask: MaskWay | None = None
+) -> _Checked:
     """The file `spec`'s sessions load, one session on it for load time, the layout found by
-    running it, and the invariance check; a mask turned round where the check shows it points
-    the other way (`mask_way`). ConfigError for a model that does not read its input."""
+    running it, its mask fed the way `mask` says (None: the original graph, whose mask's way
+    is decided here, `mask_way`), and the invariance check. ConfigError for a model that does
+    not read its input."""
     static = binding == "session-per-key"
     graph = served_graph(spec, cache_dir, static)
     # One session for what load time runs (probes, the check). Session-per-key shares the
@@ -282,25 +287,20 @@ def _checked(spec: ModelSpec, binding: str, cache_dir: Path) -> _Checked:
     run = functools.partial(run_all, session)
     served = layout_of(spec, run)
     began = time.perf_counter()
-
-    def check(layout: Layout) -> tuple[Invariance, list[str]]:
-        return measure(
-            spec.name,
-            run,
-            functools.partial(run_bound, session, layout),
-            layout,
-            served.rules,
-            spec.config.batching.edges,
-            spec.config.batching.tolerance,
-            batched=served.single is None,
-        )
-
-    invariance, failures = check(served.layout)
-    found: dict[str, Any] = {}
-    turned = mask_way(spec, served.layout, invariance, check)
-    if turned is not None:
-        layout, invariance, failures, found["mask"] = turned
-        served = dataclasses.replace(served, layout=layout)
+    tolerance = spec.config.batching.tolerance
+    if mask is None:
+        mask = mask_way(spec, served.layout, served.rules, run, tolerance)
+    served = dataclasses.replace(served, layout=mask.applied(served.layout))
+    invariance, failures = measure(
+        spec.name,
+        run,
+        functools.partial(run_bound, session, served.layout),
+        served.layout,
+        served.rules,
+        spec.config.batching.edges,
+        tolerance,
+        batched=served.single is None,
+    )
     if not reads_input(invariance):
         raise ConfigError(
             f"model {spec.name}: answers the same whatever the sequence (different sequences "
@@ -309,7 +309,7 @@ def _checked(spec: ModelSpec, binding: str, cache_dir: Path) -> _Checked:
             + (", and the mask's pad_value" if mask_of(served.layout) is not None else "")
         )
     seconds = time.perf_counter() - began
-    return _Checked(spec, graph, session, served, invariance, failures, seconds, found)
+    return _Checked(spec, graph, session, served, invariance, failures, seconds, mask)
 
 
 def lone_runner(
