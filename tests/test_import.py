@@ -23,7 +23,7 @@ from bucketserve.loading import load_engine
 from bucketserve.loading.importer import MODULE, bucket_edges, import_model
 from bucketserve.runtime.sessions import own_pools_allowed
 from bucketserve.settings import Settings
-from tests.exports import MAX_SEQ_LENGTH, pooled_reference, texts, write_export
+from tests.exports import MAX_SEQ_LENGTH, pooled_reference, texts, tokenizer, write_export
 from tests.helpers import serving
 
 
@@ -136,6 +136,26 @@ def test_what_the_graph_does_not_hold_is_not_served_as_an_embedding(tmp_path: Pa
     (dense / "config.json").write_text("[1, 2]")
     with pytest.raises(ConfigError, match="expected a JSON object"):
         import_model(dense, tmp_path / "m", "again")
+
+
+def test_the_one_onnx_file_under_another_name_and_no_config_json(tmp_path: Path) -> None:
+    """A folder whose one graph is named otherwise is imported from it; with two, the import
+    names both; without config.json, the tokenizer's vocabulary bounds the ids, said in a
+    note, never 'config.json: vocab_size: needed'."""
+    folder = write_export(tmp_path / "renamed", onnx_in_subfolder=True)
+    (folder / "onnx" / "model.onnx").rename(folder / "onnx" / "model_fp32.onnx")
+    (folder / "config.json").unlink()
+    imported = import_model(folder, tmp_path / "m")
+    assert imported.model.info.rules.vocab_size == tokenizer().get_vocab_size(True)
+    assert any("no config.json" in note for note in imported.notes)
+    shutil.copyfile(folder / "onnx" / "model_fp32.onnx", folder / "model_quantized.onnx")
+    with pytest.raises(ConfigError, match=r"2 ONNX files .*model_quantized\.onnx, onnx/model_f"):
+        import_model(folder, tmp_path / "m", "again")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "tokenizer.json").write_text("{}")
+    with pytest.raises(ConfigError, match="no ONNX file"):
+        import_model(empty, tmp_path / "m", "empty")
 
 
 def test_refusals_leave_nothing_behind(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import shutil
 import threading
 import time
@@ -296,6 +297,32 @@ class GatedLoader:
         self.built.set()
         assert self.gate.wait(30), "the test never opened the gate"
         return loaded
+
+
+async def test_poll_notices_new_weights_of_the_same_size_and_mtime(
+    models: Path, tmp_path: Path
+) -> None:
+    """New weights copied over version 1 as `cp -p` and `rsync -a` copy them (the same size,
+    the old mtime kept) are loaded: the poll reads content, not only sizes and times."""
+    other = tmp_path / "other"
+    write_version(other, 7)
+    wired = wire(Settings(models=models, model_control="poll", poll_interval_s=0.1))
+    async with serving(wired.engine, wired.control) as client:
+        _, before = await ask(client, 0)
+        np.testing.assert_allclose(before, expected(models, 1)[0], atol=1e-5)
+        version = models / NAME / "1"
+        for new in sorted((other / NAME / "7").iterdir()):
+            old = version / new.name
+            assert new.stat().st_size == old.stat().st_size
+            kept = old.stat()
+            shutil.copyfile(new, old)
+            os.utime(old, ns=(kept.st_atime_ns, kept.st_mtime_ns))  # (as cp -p keeps it)
+        want = expected(other, 7)[0]
+        for _ in range(200):
+            if np.allclose((await ask(client, 0))[1], want, atol=1e-5):
+                break
+            await asyncio.sleep(0.05)
+        np.testing.assert_allclose((await ask(client, 0))[1], want, atol=1e-5)
 
 
 async def test_a_model_loaded_during_a_drain_admits_nothing(models: Path) -> None:

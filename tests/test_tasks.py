@@ -284,6 +284,39 @@ async def test_a_prompt_named_for_a_pair_is_refused_not_ignored(
     assert "a text pair is scored as sent" in answer.json()["error"]["message"]
 
 
+async def test_cohere_document_objects_are_ranked_by_their_fields(
+    client: httpx.AsyncClient, repository: Repository
+) -> None:
+    """As Cohere takes them: objects with fields beside `text`, ranked by `text`, or by the
+    fields `rank_fields` names (two or more as `field: value` lines), returned as sent."""
+    docs = [
+        {"id": 7, "title": "buckets", "text": "a bucket holds sequences of one length"},
+        {"id": 8, "title": "rivers", "text": "the river runs past the old house"},
+    ]
+    plain = await client.post(
+        "/v1/rerank", json={"query": QUERY, "documents": docs, "return_documents": True}
+    )
+    fields = await client.post(
+        "/v2/rerank", json={"query": QUERY, "documents": docs, "rank_fields": ["title", "text"]}
+    )
+    missing = await client.post(
+        "/v1/rerank", json={"query": QUERY, "documents": docs, "rank_fields": ["author"]}
+    )
+    assert plain.status_code == 200, plain.text
+    for r in plain.json()["results"]:
+        want = repository.reranker.cross_encoder_score(QUERY, docs[r["index"]]["text"])
+        assert r["relevance_score"] == pytest.approx(want, abs=TOLERANCE)
+        assert r["document"] == docs[r["index"]]
+    assert fields.status_code == 200, fields.text
+    for r in fields.json()["results"]:
+        doc = docs[r["index"]]
+        text = f"title: {doc['title']}\ntext: {doc['text']}"
+        want = repository.reranker.cross_encoder_score(QUERY, text)
+        assert r["relevance_score"] == pytest.approx(want, abs=TOLERANCE)
+    assert missing.status_code == 422
+    assert "no field 'author' of text to rank it by" in missing.json()["error"]["message"]
+
+
 async def test_rerank_and_classify_beside_embeddings_under_concurrent_traffic(
     client: httpx.AsyncClient, repository: Repository
 ) -> None:

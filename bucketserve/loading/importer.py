@@ -30,7 +30,7 @@ import onnx
 
 from bucketserve.core.model import Model
 from bucketserve.errors import ConfigError
-from bucketserve.loading.builder import build_model
+from bucketserve.loading.builder import build_model, load_tokenizer
 from bucketserve.loading.repository import CONFIG_FILE, MODEL_FILE, load_model_spec
 
 ROLES = {"input_ids": "tokens", "attention_mask": "mask", "token_type_ids": "token_types"}
@@ -85,12 +85,24 @@ def _json(path: Path, kind: type[dict[str, Any]] | type[list[Any]] = dict) -> An
 
 
 def _onnx_file(folder: Path) -> Path:
+    """The folder's ONNX graph: model.onnx at the top (optimum) or in onnx/
+    (sentence-transformers), else the one .onnx file either holds; ConfigError naming the
+    candidates when there are several, or saying there is none."""
     for candidate in (folder / MODEL_FILE, folder / "onnx" / MODEL_FILE):
         if candidate.is_file():
             return candidate
+    found = sorted([*folder.glob("*.onnx"), *(folder / "onnx").glob("*.onnx")])
+    if len(found) == 1:
+        return found[0]
+    if found:
+        names = ", ".join(str(f.relative_to(folder)) for f in found)
+        raise ConfigError(
+            f"{folder}: {len(found)} ONNX files and no {MODEL_FILE} ({names}): import the one "
+            f"to serve from a folder that holds it alone, or name it {MODEL_FILE}"
+        )
     raise ConfigError(
-        f"{folder}: no {MODEL_FILE} (optimum writes it at the top, sentence-transformers in "
-        "onnx/): export the model to ONNX first"
+        f"{folder}: no ONNX file (optimum writes {MODEL_FILE} at the top, sentence-transformers "
+        "in onnx/): export the model to ONNX first"
     )
 
 
@@ -105,6 +117,7 @@ def read_export(folder: Path) -> Export:
     if tokenizer_path is None:
         raise ConfigError(f"{folder}: no tokenizer.json (a fast tokenizer's file is needed)")
     model_config = _json(folder / "config.json")
+    notes: list[str] = []
     graph = onnx.load(str(onnx_path), load_external_data=False)
     initialised = {init.name for init in graph.graph.initializer}
     names = [i.name for i in graph.graph.input if i.name not in initialised]
@@ -115,9 +128,14 @@ def read_export(folder: Path) -> Export:
             "write this model's config.toml by hand"
         )
     vocab_size = model_config.get("vocab_size")
-    if not isinstance(vocab_size, int) or vocab_size <= 0:
+    if not (folder / "config.json").is_file():  # (ids are the tokenizer's: its vocabulary)
+        vocab_size = load_tokenizer(tokenizer_path, 1).get_vocab_size(with_added_tokens=True)
+        notes.append(
+            f"no config.json (transformers' config of the model): vocab_size {vocab_size} is "
+            "tokenizer.json's, and no task head (labels, pooling) could be read"
+        )
+    elif not isinstance(vocab_size, int) or vocab_size <= 0:
         raise ConfigError(f"{folder / 'config.json'}: vocab_size: needed, a positive integer")
-    notes: list[str] = []
     outputs = [o.name for o in graph.graph.output]
     classifier = _classifier(model_config, outputs)
     sparse = "logits" in outputs and _is(model_config, "ForMaskedLM")

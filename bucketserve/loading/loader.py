@@ -7,6 +7,7 @@ whichever asked for it. Sits over the builder, which makes one model of one spec
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +50,7 @@ class Loader:
         self.settings = settings
         self.lone = lone  # threads of the runner for a batch that runs alone, if any
         self.root = settings.models
+        self._digests = Digests()
 
     @property
     def one_model(self) -> bool:
@@ -102,16 +104,36 @@ class Loader:
         """A model was released: what its sessions held goes back to the system."""
         return_freed_memory()
 
-    def fingerprint(self, name: str) -> tuple[tuple[str, int, int], ...]:
-        """What changes when the model's files do: each file's path, size and mtime."""
+    def fingerprint(self, name: str) -> tuple[tuple[str, str], ...]:
+        """What changes when the model's files do: each file's path and the digest of its
+        content. A file is read again only when its status changed (size, mtime, ctime,
+        inode): new weights copied over with their mtime kept (`cp -p`, `rsync -a`) still
+        change the file's ctime, and then its digest is what tells."""
         folder = self.folder(name)
         if not folder.is_dir():
             return ()
         files = (p for p in sorted(folder.rglob("*")) if p.is_file())
-        return tuple(
-            (str(p.relative_to(folder)), stat.st_size, stat.st_mtime_ns)
-            for p, stat in ((p, p.stat()) for p in files)
-        )
+        return tuple((str(p.relative_to(folder)), self._digests.of(p)) for p in files)
+
+
+class Digests:
+    """Files' content digests, each read again only once its status changed."""
+
+    def __init__(self) -> None:
+        self._known: dict[Path, tuple[tuple[int, int, int, int], str]] = {}
+
+    def of(self, path: Path) -> str:
+        stat = path.stat()
+        status = (stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino)
+        known = self._known.get(path)
+        if known is not None and known[0] == status:
+            return known[1]
+        digest = hashlib.sha256()
+        with path.open("rb") as file:
+            while chunk := file.read(2**20):
+                digest.update(chunk)
+        self._known[path] = (status, digest.hexdigest())
+        return self._known[path][1]
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,7 @@ from bucketserve.edges.http.common import (
 )
 from bucketserve.edges.http.schemas import Integer, Positive, Strict
 from bucketserve.edges.http.task_call import READ, body_of, model_for, post, run
-from bucketserve.errors import InvalidInput
+from bucketserve.errors import InvalidInput, quoted
 
 router = APIRouter(tags=["Tasks"])
 
@@ -89,8 +89,7 @@ class TeiRerankBody(_TextOptions):
     return_text: StrictBool = Field(False, description="each document's text beside its score")
 
 
-class Document(Strict):
-    text: Text
+Document = Annotated[dict[str, Any], Field(min_length=1)]  # Cohere's: fields beside its text
 
 
 class RerankBody(Strict):
@@ -103,7 +102,11 @@ class RerankBody(Strict):
     top_n: Positive | None = Field(None, description="the best this many (default: all)")
     return_documents: StrictBool = Field(False, description="each document beside its score")
     truncate: StrictBool = Field(True, description="cut a pair longer than the model takes")
-    rank_fields: list[StrictStr] | None = Field(None, description="accepted and ignored")
+    rank_fields: Annotated[list[StrictStr], Field(min_length=1)] | None = Field(
+        None,
+        description="the fields of a document object it is ranked by, in order (default: "
+        "text); two or more are read as one text of `field: value` lines",
+    )
     max_chunks_per_doc: Integer | None = Field(None, description="accepted and ignored")
     max_tokens_per_doc: Integer | None = Field(None, description="accepted and ignored")
     relevant_spans: dict[str, Any] | None = Field(None, description="accepted and ignored")
@@ -213,7 +216,7 @@ async def rerank_tei(request: Request) -> Response:
 async def rerank(request: Request) -> Response:
     """Cohere's and Jina's rerank, at both their paths."""
     body: RerankBody = await body_of(request, RerankBody)
-    documents = [d if isinstance(d, str) else d.text for d in body.documents]
+    documents = [document_text(d, i, body.rank_fields) for i, d in enumerate(body.documents)]
     if body.top_n is not None and body.top_n > len(documents):
         raise InvalidInput(
             f"top_n {body.top_n} is more than the {len(documents)} documents", param="top_n"
@@ -224,7 +227,7 @@ async def rerank(request: Request) -> Response:
     scores = [float(out[RELEVANCE]) for out in answer.outputs]
     results = [
         {"index": i, "relevance_score": scores[i]}
-        | ({"document": {"text": documents[i]}} if body.return_documents else {})
+        | ({"document": as_sent(body.documents[i])} if body.return_documents else {})
         for i in ranked(scores, body.top_n)
     ]
     tokens = sum(answer.lengths)
@@ -237,6 +240,36 @@ async def rerank(request: Request) -> Response:
             "meta": {"api_version": {"version": "2"}, "billed_units": {"search_units": 1}},
         }
     )
+
+
+def document_text(document: str | dict[str, Any], index: int, fields: list[str] | None) -> str:
+    """The text a document is ranked by: itself, or (an object, as Cohere takes them) its
+    `text`, or the one field `rank_fields` names, or the fields it names as `field: value`
+    lines, in its order."""
+    if isinstance(document, str):
+        return document
+    named = fields or ["text"]
+    missing = next((f for f in named if not isinstance(document.get(f), (str, int, float))), None)
+    if missing is not None:
+        raise InvalidInput(
+            f"documents.{index}: no field {quoted(missing)} of text to rank it by (a document "
+            f"object is ranked by {', '.join(named)}: rank_fields names them)",
+            param="documents",
+        )
+    values = [str(document[f]) for f in named]
+    text = (
+        values[0]
+        if len(named) == 1
+        else "\n".join(f"{f}: {v}" for f, v in zip(named, values, strict=True))
+    )
+    if not text:
+        raise InvalidInput(f"documents.{index}: its text is empty", param="documents")
+    return text
+
+
+def as_sent(document: str | dict[str, Any]) -> dict[str, Any]:
+    """A document as an answer returns it: an object as sent, a text as {text}."""
+    return {"text": document} if isinstance(document, str) else document
 
 
 for path in ("/v1/rerank", "/v2/rerank"):
