@@ -38,9 +38,15 @@ def models(tmp_models: Path) -> Path:
     return tmp_models
 
 
+# A guard against a hang, not a wall-clock bound: on a loaded machine an answer may take
+# seconds (a read that timed out at 10 s failed a test that passes alone), and the suite's
+# own timeout stays above it.
+SOCKET_TIMEOUT_S = 60
+
+
 def connect(url: str) -> socket.socket:
     host, port = url.removeprefix("http://").split(":")
-    return socket.create_connection((host, int(port)), timeout=10)
+    return socket.create_connection((host, int(port)), timeout=SOCKET_TIMEOUT_S)
 
 
 def closed_at(sock: socket.socket) -> tuple[float, bytes]:

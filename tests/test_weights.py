@@ -1,7 +1,8 @@
 """Weights shared for every export: session-per-key's sessions share one memory map of the
 weights whether the export kept them inside model.onnx, in a .data file, or behind a
-Transpose that graph optimisation folds. Measured as Pss, per extra bound key, in a process of
-its own; and the copy that makes it so is written once, into the server's cache only."""
+Transpose that graph optimisation folds. Measured per extra bound key, in a process of
+its own (its private memory: what other processes map beside it moves its Pss, not what a key
+costs it); and the copy that makes it so is written once, into the server's cache only."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ KEYS = "[4, 8, 12, 16, 20, 24, 28, 32]"  # 8 keys, each a static session of its 
 
 
 def per_key_pss(root: Path, name: str, model: onnx.ModelProto, inline: bool, config: str) -> Any:
-    """Pss figures of a process that binds every key of `model` under session-per-key."""
+    """Memory figures of a process that binds every key of `model` under session-per-key."""
     (zoo.save_inline if inline else save_model)(model, root / name / "1" / "model.onnx")
     (root / name / "config.toml").write_text(config)
     result = subprocess.run(
@@ -42,7 +43,7 @@ def per_key_pss(root: Path, name: str, model: onnx.ModelProto, inline: bool, con
     )
     figures = json.loads(result.stdout.strip().splitlines()[-1])
     assert figures["bound_keys"] == figures["sessions"] == 8
-    figures["per_key"] = (figures["pss_all_keys"] - figures["pss_one_key"]) / 7
+    figures["per_key"] = (figures["private_all_keys"] - figures["private_one_key"]) / 7
     return figures
 
 
