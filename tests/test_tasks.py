@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import re
+import shutil
 import tomllib
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -16,13 +18,17 @@ from typing import Any
 import cohere
 import httpx
 import numpy as np
+import onnx
 import pytest
 import torch
 
 from bucketserve.core.sparse import SparsePooling, SparseRule
 from bucketserve.loading import load_engine
+from bucketserve.loading.check import difference
 from bucketserve.loading.importer import import_model
+from bucketserve.runtime.sessions import GraphFile, side_session
 from bucketserve.settings import Settings
+from modelgen import zoo
 from tests.exports import (
     MAX_SEQ_LENGTH,
     SPECIALS,
@@ -630,3 +636,58 @@ def test_token_weights_keep_each_token_ids_largest_weight() -> None:
     np.testing.assert_allclose(values, [0.4, 0.8, 0.1])
     indices, values = rule.weights(weights, ids, top_k=2)
     assert indices.tolist() == [4, 7]
+
+
+async def test_a_forced_policys_warning_states_a_bound_rerank_traffic_keeps(
+    repository: Repository, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An int8 cross-encoder (dynamic quantisation: a batch-wide scale) forced to length
+    buckets: the check runs full batches of text pairs, and the figure its warning states
+    bounds how far real rerank traffic, batched by length, moves each score from the model's
+    own run of that pair alone."""
+    export = tmp_path / "int8"
+    shutil.copytree(repository.models.parent / "exports" / "reranker", export)
+    (export / "model.onnx").unlink()
+    for data in export.glob("*.data"):
+        data.unlink()
+    source = onnx.load(str(repository.models / "reranker" / "1" / "model.onnx"))
+    onnx.save(zoo.quantized(source), str(export / "model.onnx"))
+    models = tmp_path / "models"
+    import_model(export, models, "int8")
+    config = models / "int8" / "config.toml"
+    config.write_text(config.read_text().replace("[batching]", '[batching]\npolicy = "buckets"'))
+    with caplog.at_level(logging.WARNING):
+        engine = load_engine(Settings(models=models))
+    check = engine.model("int8").info.served_config["check"]
+    bound = max(check["padding"], check["batching"])
+    assert "batching.policy = 'buckets' is set" in caplog.text
+    assert bound > 1e-3  # (int8: it moves, and says so)
+    pairs = [(QUERY, d) for d in documents(48, seed=30)] + [
+        (f"query {i}", " ".join(documents(4, seed=40 + i))) for i in range(16)
+    ]
+    async with serving(engine) as client:
+        answers = await asyncio.gather(
+            *(
+                client.post("/rerank", json={"query": q, "texts": [d], "raw_scores": True})
+                for q, d in pairs
+            )
+        )
+    alone = side_session(GraphFile(models / "int8" / "1" / "model.onnx", ("CPUExecutionProvider",)))
+    for (query, document), answer in zip(pairs, answers, strict=True):
+        assert answer.status_code == 200, answer.text
+        own = encoded_pair(query, document)
+        want = float(alone.run(["logits"], own)[0][0, 0])
+        got = np.array([answer.json()[0]["score"]], np.float32)
+        assert difference(got, np.array([want], np.float32)) <= bound
+
+
+def encoded_pair(query: str, document: str) -> dict[str, np.ndarray]:
+    own = tokenizer()
+    own.no_padding()
+    own.enable_truncation(MAX_POSITIONS)
+    e = own.encode(query, document)
+    return {
+        "input_ids": np.array([e.ids]),
+        "attention_mask": np.array([e.attention_mask]),
+        "token_type_ids": np.array([e.type_ids]),
+    }

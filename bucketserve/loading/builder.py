@@ -25,11 +25,11 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from bucketserve.core.bucketing import BucketPlan, Invariance, Policy, round_up
-from bucketserve.core.layout import Layout
+from bucketserve.core.layout import InputRole, Layout
 from bucketserve.core.model import Model, ModelInfo, SequenceRules
 from bucketserve.errors import ConfigError, brief
 from bucketserve.loading.batch_free import freed_spec
-from bucketserve.loading.check import Run, measure, thread_difference
+from bucketserve.loading.check import Run, Traffic, measure, thread_difference
 from bucketserve.loading.layouts import (
     Served,
     classifier_of,
@@ -47,6 +47,7 @@ from bucketserve.loading.repository import (
 )
 from bucketserve.loading.served_file import default_cache_dir, served_graph
 from bucketserve.loading.speed import measure_speed
+from bucketserve.loading.traffic import traffic
 from bucketserve.runtime.binding import run_bound
 from bucketserve.runtime.executors import Executor, make_executor
 from bucketserve.runtime.sessions import (
@@ -300,6 +301,8 @@ def _checked(
         spec.config.batching.edges,
         tolerance,
         batched=served.single is None,
+        traffic=traffic_of(spec, served.rules),
+        full=spec.config.batching.policy != "auto",  # (a forced policy: its bound is said)
     )
     if not reads_input(invariance):
         raise ConfigError(
@@ -310,6 +313,18 @@ def _checked(
         )
     seconds = time.perf_counter() - began
     return _Checked(spec, graph, session, served, invariance, failures, seconds, mask)
+
+
+def traffic_of(spec: ModelSpec, rules: SequenceRules) -> Traffic:
+    """Sequences like `spec`'s traffic for the check: its texts (a classifier that takes token
+    types is sent pairs), or random valid sequences for a model without a tokenizer."""
+    config = spec.config
+    tokenizer = None
+    if spec.tokenizer_path is not None and config.tokenizer is not None:
+        tokenizer = load_tokenizer(spec.tokenizer_path, config.tokenizer.max_length)
+    roles = {i.role for i in config.inputs.values()}
+    pairs = config.classifier is not None and InputRole.TOKEN_TYPES in roles
+    return traffic(rules, config.batching, tokenizer, pairs)
 
 
 def lone_runner(

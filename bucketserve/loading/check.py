@@ -11,6 +11,14 @@ batch moves), at short lengths and at the longest bucket's:
 - batching: sequences of one length in one batch, no padding at all. A model whose rows
   change each other (int8 dynamic quantisation takes its scale from the whole batch) moves.
 
+Where the builder can make sequences like the traffic's (`Traffic`: a text model's texts
+tokenised, pairs for a pair classifier), the rounds run those. Where the config forces a
+policy, the figures become the bound its warning states, so three more rounds run them as
+serving does: a full batch of one length, unpadded (batching), and full batches of natural
+lengths padded to a middle bucket's edge and to the longest (padding), every row against its
+run alone. A model whose rows change each other (int8) moves more on full batches of text than
+on a few random rows.
+
 From the two, the serving policy (`Invariance.policy`): length buckets when neither moves,
 exact-length groups when only padding does, one sequence per run when batching does. Either
 way every answer stays within the tolerance of the model run alone.
@@ -32,6 +40,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -43,6 +52,8 @@ from bucketserve.errors import ConfigError
 log = logging.getLogger(__name__)
 
 Run = Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]  # feeds -> every output
+# the lengths asked, and a seed -> a valid sequence of each length, like the traffic's
+Sequences = Callable[[Sequence[int], int], list[np.ndarray]]
 # feeds of (rows, length) -> every output, as serving runs them (bound buffers of that shape)
 BatchRun = Callable[[Mapping[str, np.ndarray], int, int], dict[str, np.ndarray]]
 
@@ -50,6 +61,17 @@ ROWS = (2, 3, 4)  # one short round of the check per entry: that many sequences 
 SHORT = 24  # short rounds' lengths lie within this many steps of the shortest
 SCALES = (1.0, 1e-3, 50.0, 0.05)  # row i of a features batch is scaled by SCALES[i % 4]
 IGNORED = 1e-6  # a spread no wider: different sequences answered alike, the input not read
+TRAFFIC_ROWS = 32  # the most rows a traffic-like round runs (a full batch, within the check's time)
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """What the check's traffic-like rounds run: `sequences` like the traffic's (a text
+    model's tokenised texts, a pair classifier's pairs), `rows` a full batch holds at a
+    length (the config's batch limits)."""
+
+    sequences: Sequences
+    rows: Callable[[int], int]
 
 
 def random_sequences(
@@ -157,9 +179,12 @@ def measure(
     edges: Sequence[int],
     tolerance: float,
     batched: bool = True,
+    traffic: Traffic | None = None,
+    full: bool = False,
 ) -> tuple[Invariance, list[str]]:
     """What padding and batching do to the model, and any batch it could not run at all
-    (`batched` False: a model that runs one sequence at a time, only run alone).
+    (`batched` False: a model that runs one sequence at a time, only run alone; `traffic`:
+    sequences like the traffic's, in place of random ones; `full`: its full batches too).
 
     Each round's sequences, of one length, are run alone, together unpadded (batching), and
     together padded to their bucket's edge or further with a pad row (padding): three short
@@ -184,7 +209,11 @@ def measure(
     if rules.run_length(rounds[0][1]) <= hi:  # (the one length whose run alone is unpadded,
         rounds[0] = (ROWS[0], rules.run_length(rounds[0][1]))  # for a model with a multiple)
     for seed, (rows, length) in enumerate(rounds):
-        sequences = random_sequences(rules, [length] * rows, seed, scaled=True)
+        sequences = (
+            traffic.sequences([length] * rows, seed)
+            if traffic is not None
+            else random_sequences(rules, [length] * rows, seed, scaled=True)
+        )
         served = runs.worst(sequences[:1], 1, length, "a sequence alone")
         if not served <= tolerance:
             raise ConfigError(
@@ -211,7 +240,36 @@ def measure(
     mixed = sorted(mixed, key=len)
     if len(mixed[0]) < hi:
         padding = max(padding, runs.worst(mixed, len(mixed) + 1, hi, "a padded batch"))
+    if traffic is not None and full:
+        moved = _traffic_rounds(runs, traffic, edges, rng)
+        batching, padding = max(batching, moved[0]), max(padding, moved[1])
     return Invariance(padding, batching, tolerance, spread), runs.failures
+
+
+def _traffic_rounds(
+    runs: _Runs, traffic: Traffic, edges: Sequence[int], rng: np.random.Generator
+) -> tuple[float, float]:
+    """(batching, padding): a full batch of traffic-like sequences of one length at a middle
+    bucket's edge, unpadded; and full batches of natural lengths (each within its bucket,
+    from its previous edge) padded to that edge and to the longest."""
+    rules = runs.rules
+    middle = edges[(len(edges) - 1) // 2]
+
+    def rows(edge: int) -> int:
+        return max(2, min(TRAFFIC_ROWS, traffic.rows(edge)))
+
+    length = rules.run_length(max(rules.min_length, middle))
+    same = traffic.sequences([length] * rows(length), 21)
+    batching = runs.worst(same, len(same), length, "a full batch of traffic")
+    padding = 0.0
+    for seed, edge in enumerate(dict.fromkeys((middle, edges[-1])), 22):
+        below = next((e for e in reversed(edges) if e < edge), rules.min_length - 1)
+        low = max(rules.min_length, below + 1)
+        lengths = sorted(int(n) for n in rng.integers(low, edge + 1, rows(edge)))
+        natural = traffic.sequences(lengths, seed)
+        padded = runs.worst(natural, len(natural), edge, "a padded full batch of traffic")
+        padding = max(padding, padded)
+    return batching, padding
 
 
 def thread_difference(

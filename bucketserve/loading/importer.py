@@ -296,6 +296,8 @@ def config_text(export: Export, source: Path) -> str:
         lines += [f"[inputs.{name}]", f'role = "{role}"']
         if role == "tokens":
             lines += [f"vocab_size = {export.vocab_size}", f"pad_value = {export.pad_id}"]
+        if role == "mask":  # (transformers' attention_mask: ones on the tokens, 0 at padding)
+            lines += ["pad_value = 0"]
         lines.append("")
     for name in export.outputs:
         lines += [f"[outputs.{name}]", ""]

@@ -10,9 +10,11 @@ step) where the other way's are. Outputs are read one by one because one output 
 the mask while another depends on it: a per-step path beside the RNN reads the tokens either
 way, while the mean over the mask reads nothing the wrong way. Where both ways stay plausible
 and their answers differ, padding decides: a sequence batched with a longer one and a pad row
-keeps its answer alone only the right way. Where that still leaves both, and the config does
-not say, the load is refused naming `pad_value`; a config that says one way where the model
-reads only the other is refused with the fix. The way found where the config is silent is
+keeps its answer alone only the right way; unless the model's rows move each other even
+unpadded (int8's batch-wide scale), where padding moves it either way and tells nothing.
+Where that still leaves both, and the config does not say, the load is refused naming
+`pad_value`; a config that says one way where the model reads only the other is refused with
+the fix. The way found where the config is silent is
 served with a warning naming the `pad_value` to write, and said under `check.mask`.
 """
 
@@ -101,7 +103,7 @@ def mask_way(
     because = "reads its input"
     if len(plausible) == 2 and _apart(readings[0], readings[1]) > tolerance:
         unmoved = [f for f in ways if _padding(ways[f], rules, run) <= tolerance]
-        if len(unmoved) == 1:
+        if len(unmoved) == 1 and _batching(ways[given], probes, run) <= tolerance:
             plausible, because = unmoved, "padding leaves its answers alone"
         elif not said:
             raise ConfigError(
@@ -153,6 +155,16 @@ def _apart(one: _Reading, other: _Reading) -> float:
     return max(
         difference(b[o], a[o]) for a, b in zip(one.answers, other.answers, strict=True) for o in a
     )
+
+
+def _batching(layout: Layout, probes: Sequence[np.ndarray], run: Run) -> float:
+    """How far sequences of one length batched unpadded move each other's answers."""
+    length = len(probes[0])
+    together = layout.split(
+        run(layout.collate(probes, len(probes), length)), [length] * len(probes)
+    )
+    alone = [_alone(layout, seq, run) for seq in probes]
+    return max(difference(t[o], a[o]) for t, a in zip(together, alone, strict=True) for o in a)
 
 
 def _padding(layout: Layout, rules: SequenceRules, run: Run) -> float:

@@ -55,7 +55,8 @@ def log_verdict(
     elif STRICTNESS.index(policy) < STRICTNESS.index(measured):
         log.warning(
             "model %s: %s, so it should be %s, but batching.policy = %r is set: its answers "
-            "may differ from the model run alone by that much",
+            "may differ from the model run alone by that much (the worst the check saw, on full "
+            "batches like its traffic's too: texts, or pairs for a pair classifier)",
             name,
             figures,
             SERVED_AS[measured],
