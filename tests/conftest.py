@@ -8,6 +8,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -46,6 +47,15 @@ def minilm_spec() -> ModelSpec:
     spec = load_model_spec(MODELS / "minilm")
     assert spec is not None
     return spec
+
+
+@pytest.fixture(scope="session")
+def task_repository(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The task exports (`tests.task_exports.TaskRepository`), made once for the session:
+    the task routes' tests and the differential suite share them."""
+    from tests.task_exports import TaskRepository  # (torch and the exporter: only if asked)
+
+    return TaskRepository(tmp_path_factory.mktemp("tasks"))
 
 
 @pytest.fixture(scope="session")

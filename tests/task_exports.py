@@ -23,6 +23,8 @@ from modelgen.hf_export import export_text_model
 from tests.exports import tokenizer, vocabulary
 
 MAX_POSITIONS = 128
+SENTIMENT = ["negative", "neutral", "positive"]
+TAGS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
 CROSS_ENCODER = {"activation_fn": "torch.nn.modules.activation.Sigmoid", "version": "5.0.0"}
 
 
@@ -199,3 +201,36 @@ class Reference:
         classify = pipeline("text-classification", model=self.model, tokenizer=self.fast)
         given: Any = text if pair is None else {"text": text, "text_pair": pair}
         return {r["label"]: r["score"] for r in classify(given, top_k=None)}
+
+
+class TaskRepository:
+    """The task exports, made and imported once for the session (conftest's
+    `task_repository`): a cross-encoder (`reranker`), a classifier of three labels
+    (`sentiment`), a sentence embedder with prompts (`embedder`), a masked LM pooled as SPLADE
+    (`splade`), a tagger (`tagger`) and a ColBERT (`colbert`); `references` of each, and the
+    configs `models import` wrote."""
+
+    def __init__(self, root: Path) -> None:
+        from bucketserve.loading.importer import import_model
+        from tests.exports import write_export
+
+        exports, self.models = root / "exports", root / "models"
+        self.exports = exports
+        self.reranker = Reference(
+            write_classifier(exports / "reranker", ["LABEL_0"], cross_encoder=True, seed=3)
+        )
+        self.sentiment = Reference(
+            write_classifier(
+                exports / "sentiment", SENTIMENT, problem_type="single_label_classification"
+            )
+        )
+        write_export(exports / "embedder")
+        prompts = {"prompts": {"query": "query: ", "passage": "passage: "}}
+        (exports / "embedder" / "config_sentence_transformers.json").write_text(json.dumps(prompts))
+        self.splade = write_masked_lm(exports / "splade", seed=5)
+        self.tagger = Reference(write_token_classifier(exports / "tagger", TAGS, seed=8))
+        self.colbert = write_colbert(exports / "colbert", seed=6)
+        self.configs = {
+            name: import_model(exports / name, self.models, name).config
+            for name in ("reranker", "sentiment", "embedder", "splade", "tagger", "colbert")
+        }

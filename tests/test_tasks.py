@@ -5,7 +5,6 @@ writes them, brought in with `models import`, served beside an embedder, every s
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import math
 import re
@@ -36,55 +35,25 @@ from tests.exports import (
     texts,
     tokenizer,
     vocabulary,
-    write_export,
 )
 from tests.helpers import server_process, serving
 from tests.task_exports import (
     MAX_POSITIONS,
-    Reference,
-    write_classifier,
-    write_colbert,
-    write_masked_lm,
-    write_token_classifier,
+    SENTIMENT,
+)
+from tests.task_exports import (
+    TaskRepository as Repository,
 )
 
-SENTIMENT = ["negative", "neutral", "positive"]
-TAGS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
 QUERY = "what is a bucket"
 TOLERANCE = 1e-5
 
 pytestmark = pytest.mark.timeout(600)
 
 
-class Repository:
-    """The exports, imported once for the module: a cross-encoder (`reranker`), a classifier
-    of three labels (`sentiment`) and a sentence embedder (`embedder`)."""
-
-    def __init__(self, root: Path) -> None:
-        exports, self.models = root / "exports", root / "models"
-        self.reranker = Reference(
-            write_classifier(exports / "reranker", ["LABEL_0"], cross_encoder=True, seed=3)
-        )
-        self.sentiment = Reference(
-            write_classifier(
-                exports / "sentiment", SENTIMENT, problem_type="single_label_classification"
-            )
-        )
-        write_export(exports / "embedder")
-        prompts = {"prompts": {"query": "query: ", "passage": "passage: "}}
-        (exports / "embedder" / "config_sentence_transformers.json").write_text(json.dumps(prompts))
-        self.splade = write_masked_lm(exports / "splade", seed=5)
-        self.tagger = Reference(write_token_classifier(exports / "tagger", TAGS, seed=8))
-        self.colbert = write_colbert(exports / "colbert", seed=6)
-        self.configs = {
-            name: import_model(exports / name, self.models, name).config
-            for name in ("reranker", "sentiment", "embedder", "splade", "tagger", "colbert")
-        }
-
-
-@pytest.fixture(scope="module")
-def repository(tmp_path_factory: pytest.TempPathFactory) -> Repository:
-    return Repository(tmp_path_factory.mktemp("tasks"))
+@pytest.fixture
+def repository(task_repository: Repository) -> Repository:
+    return task_repository
 
 
 @pytest.fixture
