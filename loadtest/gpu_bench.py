@@ -6,9 +6,11 @@ what is measured here is cost and exactness, not meaning), served with texts' na
 lengths (lognormal, median 22 tokens, 99th percentile 167, up to 256). Reported:
 
 - per binding (`shared-session`, `session-per-key`: a static-shape session per key, and
-  `mutable`), on CUDA: the load-time check's verdict on the GPU (padding, batching,
-  policy), the load time, and sequences per second over 4,000 sequences batched by the
-  plan's keys; every answer of 64 of them against the model alone on the GPU and on the CPU;
+  `mutable`), on CUDA (the server's provider options: TF32 off; and `shared-session` again
+  with TF32 on, as ONNX Runtime's default has it): the load-time check's verdict on the GPU
+  (padding, batching, policy), the load time, and sequences per second over 4,000 sequences
+  batched by the plan's keys; every answer of 64 of them against the model alone on the GPU
+  and on the CPU;
 - per key, ONNX Runtime alone with I/O bound on the GPU: a dynamic session, a static-shape
   session, and a static-shape session replaying a CUDA graph (`enable_cuda_graph`), ms a
   batch;
@@ -71,13 +73,17 @@ def natural_lengths(count: int, seed: int = 0) -> list[int]:
     return [int(n) for n in drawn]
 
 
-def write_repository(root: Path, providers: list[str]) -> Path:
+def write_repository(root: Path, providers: list[str], options: str = "") -> Path:
+    """The model's repository entry; `options`: lines of its CUDA provider's options."""
     from modelgen.graphs import encoder
     from modelgen.save import save_model
 
     graph = encoder(vocab=30522, dim=384, heads=12, layers=6, ffn=1536, max_positions=512, seed=3)
     save_model(graph, root / "minilm-shaped" / "1" / "model.onnx")
-    (root / "minilm-shaped" / "config.toml").write_text(CONFIG.format(providers=providers))
+    config = CONFIG.format(providers=json.dumps(providers))
+    if options:
+        config += f"\n[provider_options.CUDAExecutionProvider]\n{options}\n"
+    (root / "minilm-shaped" / "config.toml").write_text(config)
     return root / "minilm-shaped"
 
 
@@ -161,7 +167,9 @@ def graph_experiment(onnx_path: Path) -> dict[str, Any]:
                 if mode != "dynamic":
                     options.add_free_dimension_override_by_name("batch", rows)
                     options.add_free_dimension_override_by_name("seq", length)
-                cuda = {"enable_cuda_graph": "1"} if mode == "cuda-graph" else {}
+                cuda = {"use_tf32": "0"} | (
+                    {"enable_cuda_graph": "1"} if mode == "cuda-graph" else {}
+                )
                 session = ort.InferenceSession(
                     str(onnx_path), options, providers=[("CUDAExecutionProvider", cuda)]
                 )
@@ -231,13 +239,20 @@ def main(argv: list[str] | None = None) -> int:
         graph = gpu_folder / "1" / "model.onnx"
         options = ort.SessionOptions()
         options.use_per_session_threads = own_pools_allowed()
+        fp32 = ("CUDAExecutionProvider", {"use_tf32": "0"})
         alone = {
             "cpu": side_session(GraphFile(graph, ("CPUExecutionProvider",))),
-            "gpu": ort.InferenceSession(str(graph), options, providers=["CUDAExecutionProvider"]),
+            "gpu": ort.InferenceSession(str(graph), options, providers=[fp32]),
         }
-        for binding in ("shared-session", "session-per-key", "mutable"):
-            name = f"cuda {binding}"
-            attempt(report, name, functools.partial(engine_runs, gpu_folder, binding, sequences))
+        tf32_folder = write_repository(
+            Path(scratch) / "tf32",
+            ["CUDAExecutionProvider", "CPUExecutionProvider"],
+            "use_tf32 = 1",
+        )
+        runs = [(b, gpu_folder, "") for b in ("shared-session", "session-per-key", "mutable")]
+        for binding, folder, variant in [*runs, ("shared-session", tf32_folder, ", tf32 on")]:
+            name = f"cuda {binding}{variant}"
+            attempt(report, name, functools.partial(engine_runs, folder, binding, sequences))
             model = report[name].pop("model", None) if isinstance(report[name], dict) else None
             if model is not None:
                 attempt(

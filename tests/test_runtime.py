@@ -14,7 +14,8 @@ from bucketserve.core.model import Model
 from bucketserve.errors import ConfigError
 from bucketserve.loading import build_model, load_model_spec
 from bucketserve.loading.check import random_sequences
-from bucketserve.runtime.sessions import runs_on_cpu, thread_layout, usable_cores
+from bucketserve.runtime.binding import BufferBinding
+from bucketserve.runtime.sessions import GraphFile, runs_on_cpu, thread_layout, usable_cores
 from bucketserve.settings import Settings
 from tests.helpers import (
     MODELS,
@@ -190,3 +191,33 @@ def test_thread_layout_gives_a_cpu_one_instance_per_core() -> None:
     assert Settings.from_env({"BUCKETSERVE_INSTANCES": "2"}).instances == 2
     with pytest.raises(ConfigError, match="instances: must be at least 1"):
         Settings(instances=0)
+
+
+def test_a_binding_on_a_device_binds_each_runs_inputs_again(tmp_models: Path) -> None:
+    """On a GPU a bound host input is copied when it is bound, so each run binds its inputs
+    again (an H100 answered the feeds of the run that first bound them, off by 2). The path
+    is taken here on the CPU, made to believe it runs on a device: runs of one shape in turn
+    answer their own feeds, as a session's plain run does."""
+    model = tiny_encoder(tmp_models)
+    session = model.executor.sessions[0]  # type: ignore[attr-defined]
+    binding = BufferBinding(session, model.info.layout, [(2, 8)])
+    binding._on_device = True
+    reference = Reference(spec_of(tmp_models, "tiny-encoder"))
+    for seed in range(3):
+        sequences = random_sequences(model.info.rules, [5, 8], seed=seed)
+        feeds = model.info.layout.collate(sequences, 2, 8)
+        got = binding.run(feeds, 2, 8)["sentence_embedding"]
+        for row, seq in enumerate(sequences):
+            want = reference(seq)["sentence_embedding"]
+            np.testing.assert_allclose(got[row], want, atol=1e-5)
+
+
+def test_cuda_asks_for_full_fp32_unless_the_config_says_otherwise() -> None:
+    """TF32 matrix products move answers with a batch's shape: the server's default for CUDA
+    turns them off; a model's config may set any option, that one included."""
+    plain = GraphFile(Path("m.onnx"), ("CUDAExecutionProvider", "CPUExecutionProvider"))
+    assert plain.provider_options("CUDAExecutionProvider") == {"use_tf32": "0"}
+    assert plain.provider_options("CPUExecutionProvider") == {}
+    given = (("CUDAExecutionProvider", (("use_tf32", "1"), ("device_id", "1"))),)
+    told = GraphFile(Path("m.onnx"), ("CUDAExecutionProvider",), options=given)
+    assert told.provider_options("CUDAExecutionProvider") == {"use_tf32": "1", "device_id": "1"}

@@ -284,6 +284,13 @@ class ModelConfig(_Strict):
     mode: Literal["bucketing", "mutable"] = "bucketing"
     binding: Literal["shared-session", "session-per-key"] = "shared-session"
     providers: list[str] = Field(default=["CPUExecutionProvider"], min_length=1)
+    provider_options: dict[str, dict[str, str | int | float | bool]] = Field(
+        default_factory=dict,
+        description="each provider's options, by its name, as ONNX Runtime takes them (say "
+        "[provider_options.CUDAExecutionProvider] device_id = 1). CUDA's use_tf32 is 0 unless "
+        "set here: TF32 matrix products change answers with a batch's shape (1.8e-3 measured "
+        "on an H100), and the check would then serve one sequence per run",
+    )
     inputs: dict[str, InputConfig] = Field(min_length=1)
     outputs: dict[str, OutputConfig] = Field(min_length=1)
     batching: BatchingConfig
@@ -330,6 +337,9 @@ class ModelConfig(_Strict):
             named = [n for n, i in self.inputs.items() if i.role is role]
             if len(named) > 1:
                 raise ValueError(f"at most one input may have role '{role.value}'; found {named}")
+        unlisted = [p for p in self.provider_options if p not in self.providers]
+        if unlisted:
+            raise ValueError(f"provider_options.{unlisted[0]}: not one of providers")
         if self.tokenizer is not None and self.inputs[sequence[0]].role is not InputRole.TOKENS:
             raise ValueError("a tokenizer needs a 'tokens' input")
         if self.prompts and self.tokenizer is None:

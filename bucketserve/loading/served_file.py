@@ -102,7 +102,11 @@ def served_graph(spec: ModelSpec, cache_dir: Path, sessions_per_key: bool) -> Gr
             names[0] + ((BATCH_NAME,) if unnamed[0] else ()),
             names[1] + ((TIME_NAME,) if unnamed[1] else ()),
         )
-    return GraphFile(path, tuple(spec.config.providers), *names)
+    options = tuple(
+        (provider, tuple((k, str(int(v) if isinstance(v, bool) else v)) for k, v in given.items()))
+        for provider, given in spec.config.provider_options.items()
+    )
+    return GraphFile(path, tuple(spec.config.providers), *names, options)
 
 
 def cached(

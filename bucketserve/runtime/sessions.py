@@ -32,18 +32,33 @@ log = logging.getLogger(__name__)
 Session = ort.InferenceSession  # (for the modules above the runtime, which never import it)
 
 
+# Provider options the server sets unless a model's config does: CUDA's TF32 matrix products
+# round inputs to 10 bits of mantissa and pick their kernels by the batch's shape, so a
+# sequence's answer moved by up to 1.8e-3 with what it was batched with (MiniLM-L6's shape on
+# an H100, loadtest.gpu_bench): the check then served one sequence per run, 650 sequences/s.
+# In full fp32 it moved by 2.3e-6 and was batched: 14,000 sequences/s.
+DEFAULT_OPTIONS: dict[str, dict[str, str]] = {"CUDAExecutionProvider": {"use_tf32": "0"}}
+
+
 @dataclass(frozen=True)
 class GraphFile:
-    """The ONNX file a model's sessions load, the providers they ask for, and the names of the
-    free dims on the inputs' batch and time axes (what a static-shape session fixes)."""
+    """The ONNX file a model's sessions load, the providers they ask for (and each one's
+    options, as (provider, ((option, value), ...)) pairs), and the names of the free dims on
+    the inputs' batch and time axes (what a static-shape session fixes)."""
 
     path: Path
     providers: tuple[str, ...]
     batch_dims: tuple[str, ...] = ()
     time_dims: tuple[str, ...] = ()
+    options: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = ()
 
     def static_dims(self, rows: int, length: int) -> dict[str, int]:
         return {**dict.fromkeys(self.batch_dims, rows), **dict.fromkeys(self.time_dims, length)}
+
+    def provider_options(self, provider: str) -> dict[str, str]:
+        """`provider`'s options: the server's defaults, then the config's."""
+        given = dict(self.options).get(provider, ())
+        return {**DEFAULT_OPTIONS.get(provider, {}), **dict(given)}
 
 
 _process_lock = threading.Lock()
@@ -145,7 +160,8 @@ def create_session(
     providers = list(graph.providers)
     available = set(ort.get_available_providers())
     wanted = [p for p in providers if p in available] or ["CPUExecutionProvider"]
-    session = ort.InferenceSession(str(graph.path), options, providers=wanted)
+    asked = [(p, graph.provider_options(p)) for p in wanted]
+    session = ort.InferenceSession(str(graph.path), options, providers=asked)
     # The session reads the weights' pages for its whole life, but holds no reference to the
     # memmap they live in: tie their lifetimes here, or the pages may be unmapped under it.
     session.shared_weights = weights
