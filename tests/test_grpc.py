@@ -161,7 +161,8 @@ def test_text_as_bytes_raw_and_typed_matches_predict_text(server: tuple[str, str
 
 def test_text_truncation_as_triton_parameters(server: tuple[str, str]) -> None:
     """A text longer than the model takes: `truncation_direction` left keeps its end, as
-    /predict's text does; `truncate` false refuses it (INVALID_ARGUMENT, naming the length)."""
+    /predict's text does; `truncate` false refuses it (INVALID_ARGUMENT, naming the limit: this
+    one is past the characters the model reads uncut, as well as its tokens)."""
     url, address = server
     long = " ".join(texts(40, seed=14))
     body = {"model": "st", "text": [long], "truncation_direction": "left"}
@@ -172,7 +173,7 @@ def test_text_truncation_as_triton_parameters(server: tuple[str, str]) -> None:
     left = client.infer("st", [strings], parameters={"truncation_direction": "left"})
     steps = np.asarray(predicted["last_hidden_state"])
     np.testing.assert_allclose(left.as_numpy("last_hidden_state")[0], steps, atol=1e-6)
-    with pytest.raises(InferenceServerException, match="longer than the model takes"):
+    with pytest.raises(InferenceServerException, match="more than the 2048 this model reads"):
         client.infer("st", [strings], parameters={"truncate": False})
 
 
