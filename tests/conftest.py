@@ -7,14 +7,17 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 import pytest
 
-from bucketserve.loading import ModelSpec, load_model_spec
-from tests.helpers import MODELS
+from tests.helpers import MODELS, TextServer, copy_bundled
+
+if TYPE_CHECKING:  # (ONNX Runtime and load time are imported by the fixtures that need them)
+    from bucketserve.loading import ModelSpec
 
 
 @pytest.fixture(scope="session")
@@ -24,6 +27,8 @@ def minilm_spec() -> ModelSpec:
     CI sets BUCKETSERVE_REQUIRE_MINILM=1, so a machine without the export extra fails there
     instead of skipping.
     """
+    from bucketserve.loading import load_model_spec
+
     if not (MODELS / "minilm" / "1" / "model.onnx").is_file():
         if importlib.util.find_spec("torch") is None and not os.environ.get(
             "BUCKETSERVE_REQUIRE_MINILM"
@@ -60,8 +65,60 @@ def task_repository(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 @pytest.fixture(scope="session")
 def bundled_specs(minilm_spec: ModelSpec) -> dict[str, ModelSpec]:
+    from bucketserve.loading import load_model_spec
+
     specs = {name: load_model_spec(MODELS / name) for name in ("tiny-encoder", "tiny-lstm")}
     return {"minilm": minilm_spec, **{k: v for k, v in specs.items() if v is not None}}
+
+
+@pytest.fixture(scope="session")
+def repository(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """A model repository of the models named, made once a shape for the session and shared,
+    read-only, by every test that asks for that shape: bundled models (`tiny-encoder`,
+    `tiny-lstm`), the zoo's exhibits by name, and `st` (a sentence-transformers export
+    imported by `models import`: a tokenizer, text in). A test that changes its repository
+    makes its own (`tmp_models`)."""
+    made: dict[tuple[str, ...], Path] = {}
+
+    def of(*names: str) -> Path:
+        shape = tuple(sorted(names))
+        if shape not in made:
+            root = tmp_path_factory.mktemp("repository") / "models"
+            root.mkdir()
+            for name in shape:
+                add_model(root, name)
+            made[shape] = root
+        return made[shape]
+
+    return of
+
+
+def add_model(root: Path, name: str) -> None:
+    """`name` into the repository `root` (see `repository`)."""
+    from tests.zoo import ZOO, add_to
+
+    if name == "st":
+        from bucketserve.loading.importer import import_model
+        from tests.exports import write_export
+
+        import_model(write_export(root.parent / "st-export"), root, "st")
+    elif name in ZOO:
+        add_to(root, name)
+    else:
+        copy_bundled(root, name)
+
+
+@pytest.fixture(scope="session")
+def text_server(repository: Callable[..., Path]) -> Iterator[TextServer]:
+    """One server process on `tiny-encoder` (token ids) and `st` (text), HTTP and gRPC, the
+    default model `tiny-encoder`: shared by the modules that drive a server of that shape."""
+    from loadtest.process import free_port
+    from tests.helpers import server_process
+
+    port = free_port()
+    flags = ("--default-model", "tiny-encoder", "--grpc-port", str(port))
+    with server_process(repository("tiny-encoder", "st"), *flags) as (_, url, _log):
+        yield TextServer(url, f"127.0.0.1:{port}")
 
 
 @pytest.fixture

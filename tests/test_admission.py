@@ -13,8 +13,9 @@ from bucketserve.core.calls import Call, Sequences
 from bucketserve.core.engine import Engine
 from bucketserve.core.registry import Registry
 from bucketserve.settings import Settings
+from tests.engines import serving
 from tests.fakes import FakeExecutor, fake_model
-from tests.helpers import error_of, serving
+from tests.helpers import error_of
 
 
 def gated_engine(queue_capacity: int = 2048, **settings: object) -> tuple[Engine, FakeExecutor]:

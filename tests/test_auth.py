@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import hmac
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +17,8 @@ from bucketserve.errors import ConfigError
 from bucketserve.loading import load_engine
 from bucketserve.settings import Settings, unnamed_tenant
 from loadtest.process import free_port
-from tests.helpers import copy_bundled, error_of, server_process, serving
+from tests.engines import serving
+from tests.helpers import error_of, server_process
 
 KEY = "sk-test-4f2a9c0e7b1d"
 OLD_KEY = "sk-old-0b5e1a"
@@ -43,11 +44,9 @@ GUARDED = [  # (method, path, body): one of every kind of route
 ]
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("auth") / "models"
-    copy_bundled(root, "tiny-encoder")
-    return root
+@pytest.fixture
+def models(repository: Callable[..., Path]) -> Path:
+    return repository("tiny-encoder")
 
 
 @pytest.fixture

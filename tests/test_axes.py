@@ -18,7 +18,8 @@ from bucketserve.loading.check import random_sequences
 from bucketserve.loading.probe import fit_steps
 from modelgen import graphs, zoo
 from modelgen.save import save_model
-from tests.helpers import MODELS, Reference, spec_of, write_model
+from tests.engines import Reference, spec_of, write_model
+from tests.helpers import MODELS
 from tests.zoo import ZOO, add_to
 
 

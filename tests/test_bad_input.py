@@ -13,7 +13,8 @@ import orjson
 import pytest
 import pytest_asyncio
 
-from tests.helpers import error_of, make_engine, serving
+from tests.engines import make_engine, serving
+from tests.helpers import error_of
 from tests.zoo import add_to
 
 LIMIT = 64 * 1024

@@ -20,7 +20,8 @@ from bucketserve.edges.http import common
 from bucketserve.edges.http.common import outside_strings, parse_json
 from bucketserve.edges.http.openai_api import check_input, parse_embeddings
 from bucketserve.errors import MalformedRequest
-from tests.helpers import error_of, make_engine, serving
+from tests.engines import make_engine, serving
+from tests.helpers import error_of
 
 STEPS = 65_536  # the default --max-request-tokens
 

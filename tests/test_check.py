@@ -20,7 +20,7 @@ from bucketserve.loading import build_model, load_model_spec, pad_safe
 from bucketserve.loading.check import difference, random_sequences
 from bucketserve.loading.speed import LOSS
 from modelgen.save import save_model
-from tests.helpers import Reference, make_engine, serving, spec_of
+from tests.engines import Reference, make_engine, serving, spec_of
 from tests.zoo import ZOO, add_to
 
 

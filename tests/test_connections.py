@@ -17,6 +17,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ import pytest
 
 from bucketserve.edges.http.connections import MAX_HEAD_BYTES
 from loadtest import framing
-from tests.helpers import copy_bundled, error_of, server_process, until
+from tests.helpers import error_of, server_process, until
 
 pytestmark = pytest.mark.slow  # the full tier: real server processes
 
@@ -33,9 +34,8 @@ TIMEOUTS = ("--header-timeout-s", "1", "--body-timeout-s", "2")
 
 
 @pytest.fixture
-def models(tmp_models: Path) -> Path:
-    copy_bundled(tmp_models, "tiny-encoder")
-    return tmp_models
+def models(repository: Callable[..., Path]) -> Path:
+    return repository("tiny-encoder")
 
 
 # A guard against a hang, not a wall-clock bound: on a loaded machine an answer may take

@@ -22,8 +22,9 @@ from bucketserve.errors import InferenceFailed, InvalidInput
 from bucketserve.metrics import Metrics
 from bucketserve.settings import Settings
 from loadtest.process import free_port
+from tests.engines import serving
 from tests.fakes import fake_model
-from tests.helpers import padded, serving
+from tests.helpers import padded
 
 grpc = pytest.importorskip("grpc")
 service_pb2 = pytest.importorskip("tritonclient.grpc.service_pb2")

@@ -39,8 +39,8 @@ from hypothesis import strategies as st
 from bucketserve.loading import load_engine
 from bucketserve.runtime.sessions import GraphFile, side_session
 from bucketserve.settings import Settings
+from tests.engines import serving
 from tests.exports import SPECIALS, WORDS, pooled_reference, tokenizer, vocabulary
-from tests.helpers import serving
 from tests.task_exports import SENTIMENT, TaskRepository
 
 CHARS = 160  # the characters the server reads of a text uncut: most inputs below cross it

@@ -18,8 +18,8 @@ from bucketserve.edges.http.app import create_app
 from bucketserve.loading import ModelSpec, build_model
 from bucketserve.logs import Throttled
 from bucketserve.settings import Settings
+from tests.engines import serving
 from tests.fakes import fake_model
-from tests.helpers import serving
 
 
 async def test_a_client_that_leaves_mid_upload_is_no_error(

@@ -9,7 +9,8 @@ from bucketserve.core.bucketing import Policy
 from bucketserve.loading import ModelSpec, build_model
 from bucketserve.loading.check import random_sequences
 from bucketserve.loading.layouts import sequence_rules
-from tests.helpers import Reference, lengths_over_buckets
+from tests.engines import Reference
+from tests.helpers import lengths_over_buckets
 
 BINDINGS = ["shared-session", "session-per-key", "mutable"]
 TOLERANCE = 1e-5

@@ -18,7 +18,8 @@ from bucketserve.loading import build_model
 from bucketserve.loading.check import random_sequences
 from modelgen.graphs import IR_VERSION, OPSET
 from modelgen.save import save_model
-from tests.helpers import error_of, make_engine, serving, spec_of
+from tests.engines import make_engine, serving, spec_of
+from tests.helpers import error_of
 from tests.zoo import BATCHING, ZOO, add_to
 
 

@@ -16,10 +16,9 @@ import httpx
 import numpy as np
 import pytest
 
-from bucketserve.loading.importer import import_model
 from loadtest.process import free_port
-from tests.exports import texts, write_export
-from tests.helpers import copy_bundled, padded, server_process
+from tests.exports import texts
+from tests.helpers import TextServer, copy_bundled, padded, server_process
 
 pytestmark = pytest.mark.slow  # the full tier: real server processes
 
@@ -42,14 +41,10 @@ def start(root: Path) -> Iterator[tuple[str, str, object, Path]]:
         yield url, f"127.0.0.1:{port}", process, log
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
-    root = tmp_path_factory.mktemp("grpc") / "models"
-    root.mkdir()
-    copy_bundled(root, "tiny-encoder")
-    import_model(write_export(root.parent / "export"), root, "st")  # a tokenizer: text in
-    with start(root) as (url, address, _, _):
-        yield url, address
+@pytest.fixture
+def server(text_server: TextServer) -> tuple[str, str]:
+    """The session's server on `tiny-encoder` and `st` (a tokenizer: text in)."""
+    return text_server.url, text_server.address
 
 
 def infer_inputs(module: object, sequences: list[list[int]]) -> list[object]:

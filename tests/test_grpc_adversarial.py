@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 
 from loadtest.process import free_port
-from tests.helpers import MODELS, Reference, copy_bundled, padded, server_process, spec_of
+from tests.engines import Reference, spec_of
+from tests.helpers import MODELS, copy_bundled, padded, server_process
 
 pytestmark = pytest.mark.slow  # the full tier: real server processes
 

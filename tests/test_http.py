@@ -15,7 +15,8 @@ from bucketserve.core.registry import Registry
 from bucketserve.loading import ModelSpec, build_model
 from bucketserve.loading.check import random_sequences
 from bucketserve.settings import Settings
-from tests.helpers import Reference, lengths_over_buckets, make_engine, serving, spec_of
+from tests.engines import Reference, make_engine, serving, spec_of
+from tests.helpers import lengths_over_buckets
 
 
 async def test_concurrent_mixed_lengths_batch_by_length_and_stay_exact(tmp_models: Path) -> None:

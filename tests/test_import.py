@@ -23,8 +23,8 @@ from bucketserve.loading import load_engine
 from bucketserve.loading.importer import MODULE, bucket_edges, import_model
 from bucketserve.runtime.sessions import own_pools_allowed
 from bucketserve.settings import Settings
+from tests.engines import serving
 from tests.exports import MAX_SEQ_LENGTH, pooled_reference, texts, tokenizer, write_export
-from tests.helpers import serving
 
 
 def states_alone(folder: Path, text: str) -> np.ndarray:

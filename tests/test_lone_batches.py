@@ -17,8 +17,9 @@ from bucketserve.loading import load_model_spec
 from bucketserve.loading.check import random_sequences
 from bucketserve.loading.layouts import sequence_rules
 from bucketserve.runtime.sessions import lone_threads, usable_cores
+from tests.engines import Reference
 from tests.fakes import FakeExecutor, fake_model
-from tests.helpers import Reference, copy_bundled, server_process
+from tests.helpers import copy_bundled, server_process
 
 TOLERANCE = 1e-5  # as tests/test_exactness.py
 

@@ -9,7 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bucketserve.core.bucketing import Policy
 from bucketserve.loading.check import random_sequences
-from tests.helpers import make_engine, serving
+from tests.engines import make_engine, serving
 from tests.zoo import add_to
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from bucketserve.loading import ModelSpec, build_model
-from tests.helpers import Reference
+from tests.engines import Reference
 
 
 def test_tokenizer_neither_pads_nor_truncates_at_128(minilm_spec: ModelSpec) -> None:

@@ -22,7 +22,7 @@ from bucketserve.runtime.sessions import GraphFile, side_session
 from modelgen import families
 from modelgen.graphs import _Graph
 from modelgen.save import save_model
-from tests.helpers import make_engine, serving, spec_of
+from tests.engines import make_engine, serving, spec_of
 from tests.zoo import BATCHING, add_to
 
 NAME = "padding-mask-bigru"

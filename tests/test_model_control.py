@@ -32,8 +32,9 @@ from bucketserve.runtime.sessions import own_pools_allowed
 from bucketserve.settings import Settings
 from modelgen.graphs import encoder
 from modelgen.save import save_model
+from tests.engines import serving
 from tests.fakes import fake_model
-from tests.helpers import error_of, serving
+from tests.helpers import error_of
 
 NAME = "enc"
 CONFIG = """

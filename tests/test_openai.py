@@ -20,8 +20,9 @@ from bucketserve.core.engine import Engine
 from bucketserve.loading import load_engine
 from bucketserve.loading.importer import import_model
 from bucketserve.settings import Settings
+from tests.engines import serving
 from tests.exports import pooled_reference, texts, write_export
-from tests.helpers import copy_bundled, server_process, serving
+from tests.helpers import copy_bundled, server_process
 
 openai = pytest.importorskip("openai")
 

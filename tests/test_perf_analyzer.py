@@ -11,7 +11,6 @@ the answers equal /predict's."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,10 +18,8 @@ import httpx
 import numpy as np
 import pytest
 
-from bucketserve.loading.importer import import_model
-from loadtest.process import free_port
-from tests.exports import texts, write_export
-from tests.helpers import copy_bundled, server_process
+from tests.exports import texts
+from tests.helpers import TextServer
 
 pytestmark = pytest.mark.slow  # the full tier: a real server process
 
@@ -36,15 +33,10 @@ class Server:
     grpc: str  # host:port
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    root = tmp_path_factory.mktemp("perf") / "models"
-    root.mkdir()
-    copy_bundled(root, "tiny-encoder")
-    import_model(write_export(root.parent / "export"), root, "st")  # a tokenizer: text in
-    port = free_port()
-    with server_process(root, "--grpc-port", str(port)) as (_, url, _log):
-        yield Server(url, f"127.0.0.1:{port}")
+@pytest.fixture
+def server(text_server: TextServer) -> Server:
+    """The session's server on `tiny-encoder` and `st` (a tokenizer: text in)."""
+    return Server(text_server.url, text_server.address)
 
 
 class Unrunnable(Exception):

@@ -15,7 +15,8 @@ from bucketserve.errors import ConfigError
 from bucketserve.loading import load_engine
 from bucketserve.settings import Settings
 from modelgen.save import save_model
-from tests.helpers import MODELS, copy_bundled, error_of, serving
+from tests.engines import serving
+from tests.helpers import MODELS, copy_bundled, error_of
 
 
 def unknown_op() -> onnx.ModelProto:

@@ -17,12 +17,8 @@ from bucketserve.loading.check import random_sequences
 from bucketserve.runtime.binding import BufferBinding
 from bucketserve.runtime.sessions import GraphFile, runs_on_cpu, thread_layout, usable_cores
 from bucketserve.settings import Settings
-from tests.helpers import (
-    MODELS,
-    Reference,
-    copy_bundled,
-    spec_of,
-)
+from tests.engines import Reference, spec_of
+from tests.helpers import MODELS, copy_bundled
 
 
 def tiny_encoder(

@@ -27,8 +27,9 @@ from bucketserve.process.wiring import wire
 from bucketserve.settings import Settings
 from modelgen.graphs import encoder
 from modelgen.save import save_model
+from tests.engines import Reference, make_engine, serving, spec_of
 from tests.fakes import FakeExecutor, fake_model
-from tests.helpers import Reference, error_of, make_engine, serving, spec_of
+from tests.helpers import error_of
 from tests.test_admission import until
 from tests.test_model_control import NAME, ask, expected, write_version
 

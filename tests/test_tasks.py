@@ -28,6 +28,7 @@ from bucketserve.loading.importer import import_model
 from bucketserve.runtime.sessions import GraphFile, side_session
 from bucketserve.settings import Settings
 from modelgen import zoo
+from tests.engines import serving
 from tests.exports import (
     MAX_SEQ_LENGTH,
     SPECIALS,
@@ -36,7 +37,7 @@ from tests.exports import (
     tokenizer,
     vocabulary,
 )
-from tests.helpers import server_process, serving
+from tests.helpers import server_process
 from tests.task_exports import (
     MAX_POSITIONS,
     SENTIMENT,

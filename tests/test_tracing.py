@@ -6,7 +6,7 @@ instance; the same over gRPC; and off, nothing at all."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +15,7 @@ import pytest
 from bucketserve.loading import load_engine
 from bucketserve.settings import Settings
 from bucketserve.tracing import OpenTelemetryTracing, Tracing, configured
-from tests.helpers import copy_bundled, serving
+from tests.engines import serving
 
 sdk_trace = pytest.importorskip("opentelemetry.sdk.trace")
 export = pytest.importorskip("opentelemetry.sdk.trace.export")
@@ -38,11 +38,9 @@ def tracing_into(exporter: Any) -> OpenTelemetryTracing:
     return OpenTelemetryTracing(provider)
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("tracing") / "models"
-    copy_bundled(root, "tiny-encoder")
-    return root
+@pytest.fixture
+def models(repository: Callable[..., Path]) -> Path:
+    return repository("tiny-encoder")
 
 
 def by_name(spans: list[Any], name: str) -> list[Any]:

@@ -3,6 +3,7 @@ numbers as /predict, and rows of their own lengths to models without a mask."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -10,11 +11,10 @@ import numpy as np
 import pytest
 
 from bucketserve.loading.check import random_sequences
-from bucketserve.loading.importer import import_model
 from bucketserve.loading.layouts import sequence_rules
-from tests.exports import texts, write_export
-from tests.helpers import Reference, copy_bundled, padded, server_process, spec_of
-from tests.zoo import add_to
+from tests.engines import Reference, spec_of
+from tests.exports import texts
+from tests.helpers import padded, server_process
 
 pytestmark = pytest.mark.slow  # the full tier: real server processes
 
@@ -23,14 +23,11 @@ InferenceServerException = pytest.importorskip("tritonclient.utils").InferenceSe
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> object:
-    root = tmp_path_factory.mktemp("triton") / "models"
-    root.mkdir()
-    copy_bundled(root, "tiny-encoder")
-    copy_bundled(root, "tiny-lstm")
-    add_to(root, "keras-bilstm")  # tf2onnx-shaped, int32 ids, no mask: its pad id is the mask
-    add_to(root, "int8-bilstm")  # no mask, and batch-variant: served one sequence per run
-    import_model(write_export(root.parent / "export"), root, "st")  # a tokenizer: text in
+def server(repository: Callable[..., Path]) -> object:
+    # keras-bilstm: tf2onnx-shaped, int32 ids, no mask: its pad id is the mask; int8-bilstm:
+    # no mask, and batch-variant: served one sequence per run; st: a tokenizer, text in
+    models = ("tiny-encoder", "tiny-lstm", "keras-bilstm", "int8-bilstm", "st")
+    root = repository(*models)
     with server_process(root, "--default-model", "tiny-encoder") as (_, url, _log):
         yield url, root
 

@@ -6,7 +6,7 @@ the full tier: tests/test_triton_client.py, tests/test_grpc.py.)"""
 from __future__ import annotations
 
 import struct
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,10 +16,10 @@ import orjson
 import pytest
 
 from bucketserve.loading import load_engine
-from bucketserve.loading.importer import import_model
 from bucketserve.settings import Settings
-from tests.exports import texts, write_export
-from tests.helpers import copy_bundled, error_of, serving
+from tests.engines import serving
+from tests.exports import texts
+from tests.helpers import error_of
 
 TEXTS = [*texts(5, seed=9), "héllo wörld ✓", "word " * 300]  # (the last one is truncated)
 INFER = "/v2/models/st/infer"
@@ -30,11 +30,8 @@ def length_prefixed(strings: list[bytes]) -> bytes:
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("v2text")
-    import_model(write_export(root / "export"), root / "models", "st")
-    copy_bundled(root / "models", "tiny-encoder")  # token ids only
-    return root / "models"
+def models(repository: Callable[..., Path]) -> Path:
+    return repository("st", "tiny-encoder")  # (text in; token ids only)
 
 
 @pytest.fixture

@@ -20,7 +20,8 @@ from bucketserve.errors import ConfigError
 from bucketserve.loading import build_model
 from modelgen import graphs, zoo
 from modelgen.save import save_model
-from tests.helpers import ENCODER_CONFIG, ROOT, spec_of
+from tests.engines import spec_of
+from tests.helpers import ENCODER_CONFIG, ROOT
 from tests.zoo import add_to
 
 needs_pss = pytest.mark.skipif(

@@ -19,7 +19,7 @@ from bucketserve.loading import ModelSpec
 from bucketserve.loading.check import random_sequences
 from bucketserve.loading.pad_safe import LENGTHS_INPUT as PAD_SAFE_INPUT
 from bucketserve.runtime.sessions import GraphFile, side_session
-from tests.helpers import make_engine, serving, spec_of
+from tests.engines import make_engine, serving, spec_of
 from tests.zoo import ZOO, add_to
 
 BINDINGS = ["shared-session", "session-per-key", "mutable"]
