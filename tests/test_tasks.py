@@ -689,52 +689,50 @@ def v2_texts(rows: list[list[str]]) -> dict[str, Any]:
     return {"inputs": [{"name": "text", "shape": shape, "datatype": "BYTES", "data": data}]}
 
 
-@pytest.mark.parametrize(
-    ("path", "body", "items"),
-    [
-        ("/v1/embeddings", {"model": "embedder", "input": "the cat"}, 1),
-        ("/v1/embeddings", {"model": "embedder", "input": ONE}, 1),
-        ("/v1/embeddings", {"model": "embedder", "input": TWO}, 2),
-        ("/v1/embeddings", {"model": "embedder", "input": THREE}, 3),
-        ("/v1/embed", {"model": "embedder", "texts": THREE}, 3),
-        ("/v2/embed", {"model": "embedder", "texts": TWO, "embedding_types": ["float"]}, 2),
-        ("/predict", {"model": "embedder", "text": THREE}, 3),
-        ("/embed_all", {"model": "embedder", "inputs": "the cat"}, 1),
-        ("/embed_all", {"model": "embedder", "inputs": TWO}, 2),
-        ("/embed_sparse", {"inputs": "the cat"}, 1),
-        ("/embed_sparse", {"inputs": THREE}, 3),
-        ("/classify_tokens", {"inputs": "the cat"}, None),  # (one text: its entities, unnested)
-        ("/classify_tokens", {"inputs": TWO}, 2),
-        ("/rerank", {"query": QUERY, "texts": ONE}, 1),
-        ("/rerank", {"query": QUERY, "texts": THREE}, 3),
-        ("/v1/rerank", {"query": QUERY, "documents": TWO}, 2),
-        ("/v2/rerank", {"query": QUERY, "documents": [{"text": t} for t in THREE]}, 3),
-        ("/v1/rerank", {"query": QUERY, "documents": THREE, "top_n": 2}, 2),
-        ("/classify", {"model": "sentiment", "inputs": "the cat"}, None),  # (one: unnested)
-        ("/classify", {"model": "sentiment", "inputs": TWO}, None),  # (one pair: unnested)
-        ("/classify", {"model": "sentiment", "inputs": ONE}, 1),
-        ("/classify", {"model": "sentiment", "inputs": THREE}, 3),
-        ("/classify", {"model": "sentiment", "inputs": [[t] for t in THREE]}, 3),
-        ("/classify", {"model": "sentiment", "inputs": [TWO, TWO]}, 2),
-        ("/tokenize", {"model": "sentiment", "inputs": "the cat"}, 1),
-        ("/tokenize", {"model": "sentiment", "inputs": THREE}, 3),
-        ("/decode", {"model": "sentiment", "ids": [5, 6]}, 1),
-        ("/decode", {"model": "sentiment", "ids": [[5, 6], [7], [8, 9]]}, 3),
-        (V2_TEXT, v2_texts([[t] for t in THREE]), 3),
-        ("/v2/models/reranker/infer", v2_texts([[QUERY, t] for t in TWO]), 2),
-    ],
-)
-async def test_every_body_form_gets_an_answer_for_each_item(
-    client: httpx.AsyncClient, path: str, body: dict[str, Any], items: int | None
-) -> None:
+BODY_FORMS = [
+    ("/v1/embeddings", {"model": "embedder", "input": "the cat"}, 1),
+    ("/v1/embeddings", {"model": "embedder", "input": ONE}, 1),
+    ("/v1/embeddings", {"model": "embedder", "input": TWO}, 2),
+    ("/v1/embeddings", {"model": "embedder", "input": THREE}, 3),
+    ("/v1/embed", {"model": "embedder", "texts": THREE}, 3),
+    ("/v2/embed", {"model": "embedder", "texts": TWO, "embedding_types": ["float"]}, 2),
+    ("/predict", {"model": "embedder", "text": THREE}, 3),
+    ("/embed_all", {"model": "embedder", "inputs": "the cat"}, 1),
+    ("/embed_all", {"model": "embedder", "inputs": TWO}, 2),
+    ("/embed_sparse", {"inputs": "the cat"}, 1),
+    ("/embed_sparse", {"inputs": THREE}, 3),
+    ("/classify_tokens", {"inputs": "the cat"}, None),  # (one text: its entities, unnested)
+    ("/classify_tokens", {"inputs": TWO}, 2),
+    ("/rerank", {"query": QUERY, "texts": ONE}, 1),
+    ("/rerank", {"query": QUERY, "texts": THREE}, 3),
+    ("/v1/rerank", {"query": QUERY, "documents": TWO}, 2),
+    ("/v2/rerank", {"query": QUERY, "documents": [{"text": t} for t in THREE]}, 3),
+    ("/v1/rerank", {"query": QUERY, "documents": THREE, "top_n": 2}, 2),
+    ("/classify", {"model": "sentiment", "inputs": "the cat"}, None),  # (one: unnested)
+    ("/classify", {"model": "sentiment", "inputs": TWO}, None),  # (one pair: unnested)
+    ("/classify", {"model": "sentiment", "inputs": ONE}, 1),
+    ("/classify", {"model": "sentiment", "inputs": THREE}, 3),
+    ("/classify", {"model": "sentiment", "inputs": [[t] for t in THREE]}, 3),
+    ("/classify", {"model": "sentiment", "inputs": [TWO, TWO]}, 2),
+    ("/tokenize", {"model": "sentiment", "inputs": "the cat"}, 1),
+    ("/tokenize", {"model": "sentiment", "inputs": THREE}, 3),
+    ("/decode", {"model": "sentiment", "ids": [5, 6]}, 1),
+    ("/decode", {"model": "sentiment", "ids": [[5, 6], [7], [8, 9]]}, 3),
+    (V2_TEXT, v2_texts([[t] for t in THREE]), 3),
+    ("/v2/models/reranker/infer", v2_texts([[QUERY, t] for t in TWO]), 2),
+]
+
+
+async def test_every_body_form_gets_an_answer_for_each_item(client: httpx.AsyncClient) -> None:
     """Each route's body forms (a text, a list of one, two, three, pairs, objects), each
     answered with one result per item it holds: nothing dropped, nothing added. (Forms the
     routes refuse are in test_bad_input_is_refused_in_the_routes_form.)"""
-    answer = await client.post(path, json=body)
-    assert answer.status_code == 200, answer.text
-    reply = answer.json()
-    if items is None:  # one item answered unnested: a list of label scores, or of entities
-        assert isinstance(reply, list)
-        assert all(isinstance(r, dict) for r in reply)
-    else:
-        assert _answers(path, reply) == items
+    for path, body, items in BODY_FORMS:
+        answer = await client.post(path, json=body)
+        assert answer.status_code == 200, (path, body, answer.text)
+        reply = answer.json()
+        if items is None:  # one item answered unnested: a list of label scores, or entities
+            assert isinstance(reply, list), (path, body)
+            assert all(isinstance(r, dict) for r in reply), (path, body)
+        else:
+            assert _answers(path, reply) == items, (path, body)
