@@ -18,8 +18,9 @@ among its uses) starts without ONNX Runtime.
 from __future__ import annotations
 
 import importlib
-from importlib.metadata import version
 from typing import TYPE_CHECKING, Any
+
+from bucketserve.about import VERSION
 
 if TYPE_CHECKING:
     from bucketserve.core.engine import Engine
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
     from bucketserve.loading import load_engine
 
 __all__ = ["BucketserveError", "Engine", "Model", "load_engine"]
-__version__ = version("bucketserve")  # pyproject.toml's
+__version__ = VERSION  # pyproject.toml's
 
 _HOMES = {
     "BucketserveError": "bucketserve.errors",

@@ -20,7 +20,7 @@ DOCS = ROOT / "docs"
 MAX_README_WORDS = 3500
 # The rooms, in the order a request meets them (load time last: it runs before and beside).
 ROOMS = ["process/", "edges/", "control.py", "core/", "runtime/", "loading/"]
-SHARED = {"settings", "metrics", "tracing", "logs", "errors"}
+SHARED = {"settings", "metrics", "tracing", "logs", "errors", "about"}
 
 
 def quick_start() -> list[str]:

@@ -68,7 +68,7 @@ class Engine:
         self.tracing = tracing or Tracing()
         self._shares = shares
         self.lifecycle = Lifecycle()
-        self._served: dict[Model, Served] = {}  # every model running, by the model object
+        self._served: dict[Model, Running] = {}  # every model running, by the model object
         self._metrics: Metrics | None = None
 
     def model(self, name: str | None = None, version: str | None = None) -> Model:
@@ -132,7 +132,7 @@ class Engine:
             share_identical=cache is not None,  # (safe exactly where a cache is)
         )
         task = asyncio.create_task(scheduler.run(), name=f"scheduler-{model.name}")
-        self._served[model] = Served(scheduler, task, cache)
+        self._served[model] = Running(scheduler, task, cache)
         metrics.watch_bound_keys(model.name, model.executor.bound_key_count)
         if cache is not None:
             metrics.watch_cache(model.name, info.version, lambda: cache.bytes)
@@ -242,7 +242,7 @@ class Engine:
         with served.using():
             return await self._infer(call, model, served)
 
-    async def _infer(self, call: Call, model: Model, served: Served) -> Answer:
+    async def _infer(self, call: Call, model: Model, served: Running) -> Answer:
         """The request on the model it resolved to, which stays running until it is done."""
         deadline = self.deadline(call.timeout_ms)  # (counted from the request's arrival here)
         with self.tracing.span("bucketserve.admission", {"bucketserve.model": model.name}):
@@ -266,7 +266,7 @@ class Engine:
         self,
         call: Call,
         model: Model,
-        served: Served,
+        served: Running,
         sequences: Sequence[np.ndarray],
         head: Head,
         level: int,
@@ -306,7 +306,7 @@ class Engine:
 
 
 @dataclass(eq=False)
-class Served:
+class Running:
     """A model running: its scheduler and that scheduler's task, its result cache, and how
     many requests that resolved to the model are still in the engine (a model retires only
     once none is)."""

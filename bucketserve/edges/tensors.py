@@ -23,6 +23,13 @@ Datatype = Literal[
 ]  # fmt: skip
 TEXT = "BYTES"  # strings, each as its UTF-8 bytes (Triton's TYPE_STRING)
 TEXT_INPUT = "text"  # the input a model with a tokenizer takes texts in
+
+
+def little_endian(array: np.ndarray) -> bytes:
+    """An output tensor's raw bytes as both protocols send them: C order, little-endian."""
+    return np.ascontiguousarray(array, array.dtype.newbyteorder("<")).tobytes()
+
+
 LENGTH_PREFIX = 4  # each BYTES element sent raw follows its length, a little-endian uint32
 DATATYPES: dict[str, np.dtype] = {
     name: np.dtype(t)

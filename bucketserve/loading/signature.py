@@ -37,7 +37,6 @@ class Signature:
     inputs: dict[str, GraphTensor]
     outputs: dict[str, GraphTensor]
     external_files: tuple[Path, ...]
-    inline_weight_bytes: int  # large weights kept inside model.onnx (initializers, constants)
 
 
 def _tensor(value: onnx.ValueInfoProto) -> GraphTensor:
@@ -73,24 +72,6 @@ def tensor_bytes(tensor: onnx.TensorProto) -> int:
     """The size of a tensor's data, whichever field holds it."""
     itemsize = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
     return int(np.prod(tensor.dims, dtype=np.int64)) * itemsize
-
-
-def inline_weights(graph: onnx.GraphProto) -> list[onnx.TensorProto]:
-    """Large tensors kept inside the graph: initializers without external data, and the
-    values of Constant nodes (some exporters keep weights there)."""
-    found = [
-        t
-        for t in graph.initializer
-        if t.data_location != onnx.TensorProto.EXTERNAL and tensor_bytes(t) >= LARGE_TENSOR
-    ]
-    for node in graph.node:
-        if node.op_type == "Constant":
-            found += [
-                a.t
-                for a in node.attribute
-                if a.name == "value" and tensor_bytes(a.t) >= LARGE_TENSOR
-            ]
-    return found
 
 
 def read_signature(onnx_path: Path, config: ModelConfig) -> Signature:
@@ -140,5 +121,4 @@ def read_signature(onnx_path: Path, config: ModelConfig) -> Signature:
     for f in files:
         if not f.is_file():
             raise fail("external data", f"weights file {f.name} is missing: copy it beside it")
-    inline = sum(tensor_bytes(t) for t in inline_weights(graph))
-    return Signature(inputs, outputs, tuple(files), inline)
+    return Signature(inputs, outputs, tuple(files))

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from collections import Counter
 from collections.abc import Hashable, Mapping, Sequence
 
 import numpy as np
@@ -50,7 +49,6 @@ class Executor(ABC):
         self.graph = graph
         self.layout = layout
         self.plan = plan
-        self.bind_counts: Counter[BucketKey] = Counter()
         self._bound: set[BucketKey] = set()
         # Bindings by family: one per key, except in mutable mode, where every key shares them.
         self._families: dict[Hashable, list[BufferBinding]] = {}
@@ -97,7 +95,6 @@ class Executor(ABC):
                 return False
             if self._family(key) not in self._families:
                 self._families[self._family(key)] = [self._bind(key)]
-            self.bind_counts[key] += 1
             self._bound.add(key)
             return True
 

@@ -22,7 +22,6 @@ class SharedWeights:
         proto = onnx.load(str(onnx_path), load_external_data=False)
         self._maps: dict[str, np.memmap] = {}
         self.values: dict[str, ort.OrtValue] = {}
-        self.nbytes = 0
         for tensor in proto.graph.initializer:
             if tensor.data_location != onnx.TensorProto.EXTERNAL:
                 continue
@@ -37,7 +36,6 @@ class SharedWeights:
             dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type))
             array = raw.view(dtype).reshape(tuple(tensor.dims))
             self.values[tensor.name] = ort.OrtValue.ortvalue_from_numpy(array)
-            self.nbytes += array.nbytes
 
     def add_to(self, options: ort.SessionOptions) -> None:
         for name, value in self.values.items():

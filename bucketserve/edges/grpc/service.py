@@ -20,15 +20,15 @@ routes', under the method's path.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from importlib.metadata import version
 from typing import Any
 
 import grpc
-import numpy as np
 from google.protobuf.message import DecodeError
 
+from bucketserve.about import NAME, VERSION
 from bucketserve.control import Control
 from bucketserve.core.calls import OFF_LOOP_BYTES
 from bucketserve.core.engine import Engine
@@ -39,12 +39,11 @@ from bucketserve.edges.failures import CLIENT_CLOSED, Failures
 from bucketserve.edges.grpc.decoding import decode_request
 from bucketserve.edges.grpc.messages import DATA_TYPES, MESSAGE_CLASSES, METHODS, SERVICE
 from bucketserve.edges.kserve import metadata
-from bucketserve.edges.tensors import DATATYPE_OF
+from bucketserve.edges.tensors import DATATYPE_OF, little_endian
 from bucketserve.errors import MalformedRequest, brief
 from bucketserve.logs import request_id
 from bucketserve.metrics import Metrics
 
-SERVER_NAME = "bucketserve"
 STATUS_CODES = {  # HTTP status of our error -> the gRPC code Triton answers such a request with
     400: grpc.StatusCode.INVALID_ARGUMENT,
     401: grpc.StatusCode.UNAUTHENTICATED,
@@ -61,6 +60,10 @@ AUTHORIZATION = "authorization"  # metadata: `Bearer <key>`, as the HTTP header
 Message = Any  # the classes of `messages` are made at run time
 Context = Any  # grpc.aio.ServicerContext (grpc ships no type information)
 Method = Callable[[Message, Context], Awaitable[Message]]
+Entries = tuple[tuple[str, str], ...]  # a call's text metadata, names lower-cased
+# The call's metadata, as `_answered` read it once (each call runs in a task of its own, so each
+# sees its own): names compared as HTTP/2 compares them, case not mattering.
+CALL_METADATA: contextvars.ContextVar[Entries] = contextvars.ContextVar("call_metadata")
 
 
 async def one_message(requests: AsyncIterator[bytes]) -> bytes:
@@ -120,9 +123,7 @@ class InferenceService:
         return self.messages["ModelReadyResponse"](ready=self._ready())
 
     async def ServerMetadata(self, request: Message, context: Context) -> Message:  # noqa: N802
-        return self.messages["ServerMetadataResponse"](
-            name=SERVER_NAME, version=version(SERVER_NAME), extensions=[]
-        )
+        return self.messages["ServerMetadataResponse"](name=NAME, version=VERSION, extensions=[])
 
     async def ModelMetadata(self, request: Message, context: Context) -> Message:  # noqa: N802
         model = self._model(request.name, request.version)
@@ -180,9 +181,8 @@ class InferenceService:
             decoded = decode_request(request)
         remaining = context.time_remaining()
         deadline_ms = None if remaining is None else remaining * 1000
-        metadata = {
-            k.lower(): v for k, v in context.invocation_metadata() or () if isinstance(v, str)
-        }
+        entries = CALL_METADATA.get()
+        metadata = dict(entries)
         metadata_id = metadata.get(REQUEST_ID)
         given = metadata_id if isinstance(metadata_id, str) else request.id
         level = metadata.get(PRIORITY)
@@ -192,7 +192,7 @@ class InferenceService:
             request_id(given),
             [deadline_ms],
             None if level is None else kserve.level_of(level, PRIORITY),
-            self._tenant(context, metadata),
+            self._tenant(entries, metadata),
         )
         model = answer.model
         response = self.messages["ModelInferResponse"](
@@ -200,15 +200,13 @@ class InferenceService:
         )
         for name, array in tensors.items():
             response.outputs.add(name=name, datatype=DATATYPE_OF[array.dtype], shape=array.shape)
-            little = np.ascontiguousarray(array, array.dtype.newbyteorder("<"))
-            response.raw_output_contents.append(little.tobytes())
+            response.raw_output_contents.append(little_endian(array))
         return response
 
-    def _tenant(self, context: Context, metadata: dict[str, str]) -> str:
+    def _tenant(self, entries: Entries, metadata: dict[str, str]) -> str:
         """The call's tenant, by its key or the metadata the operator names (`edges.auth`)."""
         keys = self.keys
-        every = [(k.lower(), v) for k, v in context.invocation_metadata() or ()]
-        authorizations = [v for k, v in every if k == AUTHORIZATION and isinstance(v, str)]
+        authorizations = [v for k, v in entries if k == AUTHORIZATION]
         named = metadata.get(keys.tenant_header) if keys.tenant_header else None
         return keys.tenant(authorizations, named)
 
@@ -220,17 +218,17 @@ class InferenceService:
 
         async def call(requests: AsyncIterator[bytes], context: Context) -> Message:
             self.last_call = asyncio.get_running_loop().time()
-            # (names compared as HTTP/2 compares them: case does not matter)
-            entries = [
+            entries = tuple(
                 (k.lower(), v) for k, v in context.invocation_metadata() or () if isinstance(v, str)
-            ]
+            )
+            CALL_METADATA.set(entries)  # (read by the handler: walked once a call)
             with self.engine.tracing.request(route, dict(entries)) as span:
                 return await answer(requests, context, entries, span)
 
         async def answer(
             requests: AsyncIterator[bytes],
             context: Context,
-            entries: list[tuple[str, str]],
+            entries: Entries,
             span: Any,
         ) -> Message:
             start, status = time.perf_counter(), 200

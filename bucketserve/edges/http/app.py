@@ -16,6 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import PlainTextResponse
 from starlette.exceptions import HTTPException
 
+from bucketserve.about import NAME, VERSION
 from bucketserve.control import Control
 from bucketserve.core.engine import Engine
 from bucketserve.edges.auth import ApiKeys
@@ -23,7 +24,6 @@ from bucketserve.edges.failures import CLIENT_CLOSED, Failures
 from bucketserve.edges.http import cohere_api, contract, kserve_routes, openai_api, predict, tasks
 from bucketserve.edges.http.common import (
     REFUSED,
-    SERVER_VERSION,
     ClientGone,
     error_body,
     error_response,
@@ -57,8 +57,8 @@ def create_app(
     keys = keys or ApiKeys(())
     settings = engine.settings
     app = FastAPI(
-        title="bucketserve",
-        version=SERVER_VERSION,
+        title=NAME,
+        version=VERSION,
         description="Length-bucketed inference for variable-length sequence models.",
         docs_url=None,  # (a setting: below)
         redoc_url=None,

@@ -9,7 +9,6 @@ import contextlib
 import gc
 import threading
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from importlib.metadata import version
 from typing import Any, TypeVar
 
 import numpy as np
@@ -39,7 +38,6 @@ PRIORITY_HEADER = "x-priority"
 OPENAI_PREFIX = "/v1/"  # the routes of OpenAI's API
 KSERVE_PREFIX = "/v2/"  # the routes of KServe's v2 protocol
 COHERE_V2 = ("/v2/rerank", "/v2/embed")  # Cohere's (and Jina's) routes under KServe's prefix
-SERVER_VERSION = version("bucketserve")  # pyproject.toml's
 JSON = "application/json"
 BINARY = "application/octet-stream"
 # A scope's extension: the error the connection refused a request's body with (`connections`),

@@ -18,7 +18,7 @@ import orjson
 from bucketserve.edges.http.common import parse_json
 from bucketserve.edges.http.schemas import InferRequest, InputTensor, validate
 from bucketserve.edges.kserve import V2Request, priority, timeout_ms, truncation
-from bucketserve.edges.tensors import DATATYPE_OF, WireTensor
+from bucketserve.edges.tensors import DATATYPE_OF, WireTensor, little_endian
 from bucketserve.errors import InvalidInput, MalformedRequest, quoted
 
 
@@ -119,7 +119,7 @@ def encode_response(
             "shape": list(array.shape),
         }
         if binary[name]:
-            raw = np.ascontiguousarray(array, array.dtype.newbyteorder("<")).tobytes()
+            raw = little_endian(array)
             entry["parameters"] = {"binary_data_size": len(raw)}
             chunks.append(raw)
         else:

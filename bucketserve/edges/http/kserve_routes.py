@@ -11,6 +11,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 
+from bucketserve.about import NAME, VERSION
 from bucketserve.core.engine import Engine
 from bucketserve.core.model import Model
 from bucketserve.edges import kserve
@@ -19,7 +20,6 @@ from bucketserve.edges.http.common import (
     JSON,
     LENGTH_PARAMETER,
     PRIORITY_PARAMETER,
-    SERVER_VERSION,
     TIMEOUT_PARAMETER,
     control_of,
     engine_of,
@@ -124,8 +124,8 @@ async def server_metadata(request: Request) -> Response:
     # /predict serves when a request names none.
     return json_response(
         {
-            "name": "bucketserve",
-            "version": SERVER_VERSION,
+            "name": NAME,
+            "version": VERSION,
             "extensions": ["binary_tensor_data"],
             "default_model": engine_of(request).registry.default_model,
         }
