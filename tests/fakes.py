@@ -17,6 +17,7 @@ from bucketserve.core.bucketing import BucketKey, BucketPlan, Invariance
 from bucketserve.core.embedding import Embedding
 from bucketserve.core.layout import Input, InputRole, Layout, Tensor
 from bucketserve.core.model import Model, ModelInfo, SequenceRules
+from bucketserve.core.task import Task
 
 IDS = np.dtype(np.int64)
 LAYOUT = Layout(
@@ -117,7 +118,7 @@ def fake_model(
         invariance=invariance or Invariance(padding=0.0, batching=0.0, tolerance=1e-4),
         text_chars=None,
         served_config={"name": name, "version": "1", "strategy": "fake"},
-        embedding=embedding,
+        task_rules={} if embedding is None else {Task.EMBED: embedding},
     )
     executor = FakeExecutor()
     return Model(info, executor), executor

@@ -14,9 +14,8 @@ import numpy as np
 import pytest
 
 from bucketserve.core.calls import Answer, Call, Sequences
-from bucketserve.core.embedding import Embedding, Pooling
+from bucketserve.core.embedding import EMBEDDING, Embed, Embedding, Pooling
 from bucketserve.core.engine import Engine
-from bucketserve.core.heads import EMBEDDING, Embed
 from bucketserve.core.registry import Registry
 from bucketserve.errors import InferenceFailed, InvalidInput
 from bucketserve.metrics import Metrics

@@ -18,6 +18,7 @@ import onnxruntime as ort
 import pytest
 from tokenizers import Tokenizer
 
+from bucketserve.core.task import Task
 from bucketserve.errors import ConfigError
 from bucketserve.loading import load_engine
 from bucketserve.loading.importer import MODULE, bucket_edges, import_model
@@ -68,7 +69,7 @@ async def test_each_pooling_the_folder_prescribes(
 ) -> None:
     folder = write_export(tmp_path / "export", pooling=pooling, normalize=normalize)
     imported = import_model(folder, tmp_path / "models", "st")
-    embedding = imported.model.info.embedding
+    embedding = imported.model.info.rule(Task.EMBED)
     assert embedding is not None
     assert (embedding.output, embedding.pooling.value, embedding.normalize) == (
         "last_hidden_state",
@@ -113,25 +114,27 @@ def test_the_config_it_writes(tmp_path: Path) -> None:
 
 def test_an_onnx_subfolder_and_an_optimum_folder_without_pooling(tmp_path: Path) -> None:
     sub = import_model(write_export(tmp_path / "st", onnx_in_subfolder=True), tmp_path / "m")
-    assert sub.model.info.embedding is not None
+    assert sub.model.info.rule(Task.EMBED) is not None
     plain = import_model(
         write_export(tmp_path / "plain", sentence_transformers=False), tmp_path / "m"
     )
-    assert plain.model.info.embedding is None  # served for /predict and v2, not /v1/embeddings
+    assert (
+        plain.model.info.rule(Task.EMBED) is None
+    )  # served for /predict and v2, not /v1/embeddings
     assert "1_Pooling" in plain.notes[0]
     assert plain.model.info.rules.max_length == 512  # config.json's max_position_embeddings
 
 
 def test_what_the_graph_does_not_hold_is_not_served_as_an_embedding(tmp_path: Path) -> None:
     weighted = import_model(write_export(tmp_path / "w", pooling="weightedmean"), tmp_path / "m")
-    assert weighted.model.info.embedding is None
+    assert weighted.model.info.rule(Task.EMBED) is None
     assert "pooling_mode_weightedmean_tokens" in weighted.notes[0]
     dense = write_export(tmp_path / "dense")
     modules = json.loads((dense / "modules.json").read_text())
     modules.insert(2, {"idx": 2, "name": "2", "path": "2_Dense", "type": MODULE + "Dense"})
     (dense / "modules.json").write_text(json.dumps(modules))
     imported = import_model(dense, tmp_path / "m")
-    assert imported.model.info.embedding is None
+    assert imported.model.info.rule(Task.EMBED) is None
     assert "['Dense']" in imported.notes[0]
     (dense / "config.json").write_text("[1, 2]")
     with pytest.raises(ConfigError, match="expected a JSON object"):
@@ -258,7 +261,7 @@ async def test_minilm_folder_imported_embeds_as_sentence_transformers(
     folder = tmp_path / "all-MiniLM-L6-v2"
     bert = export_minilm(folder)
     imported = import_model(folder, tmp_path / "models")
-    embedding = imported.model.info.embedding
+    embedding = imported.model.info.rule(Task.EMBED)
     assert embedding is not None
     assert (embedding.pooling.value, embedding.normalize) == ("mean", True)
     assert imported.model.info.rules.max_length == 256  # sentence_bert_config's max_seq_length

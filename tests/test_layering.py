@@ -85,6 +85,30 @@ PLANTS = {
         "bucketserve/process/wiring.py",
         "from bucketserve.process import server",
     ),
+    # the tasks: the enum under everything, each task's module (its rule and its head) over the
+    # heads' protocol and the model, apart from the other tasks; their rules built in loading
+    "task-names-over-the-model": ("bucketserve/core/task.py", "from bucketserve.core import model"),
+    "heads-over-a-task": (
+        "bucketserve/core/heads.py",
+        "from bucketserve.core.embedding import Embed",
+    ),
+    "task-over-a-task": (
+        "bucketserve/core/sparse.py",
+        "from bucketserve.core.classifier import Classify",
+    ),
+    "model-over-a-task": (
+        "bucketserve/core/model.py",
+        "from bucketserve.core.classifier import Classifier",
+    ),
+    "task-over-the-scheduler": (
+        "bucketserve/core/classifier.py",
+        "from bucketserve.core.scheduler import Scheduler",
+    ),
+    "rules-over-the-builder": (
+        "bucketserve/loading/rules.py",
+        "from bucketserve.loading.builder import build_model",
+    ),
+    "a-task-runs-tokenizers": ("bucketserve/core/embedding.py", "import tokenizers"),
 }
 
 

@@ -26,6 +26,7 @@ from tokenizers import (
 )
 
 from bucketserve.core.model import Model, Truncation
+from bucketserve.core.task import Task
 from bucketserve.core.text_cut import kept_of_pair
 from bucketserve.errors import InvalidInput
 from tests.exports import WORDS
@@ -104,7 +105,7 @@ def model_with(tok: Tokenizer) -> Model:
     tok.no_padding()
     tok.enable_truncation(MAX_LENGTH)
     model, _ = fake_model()
-    info = dataclasses.replace(model.info, text_chars=CHARS, tokenizes=True)
+    info = dataclasses.replace(model.info, text_chars=CHARS, task_rules={Task.TOKENIZE: True})
     return Model(info, model.executor, tok)
 
 

@@ -1,8 +1,8 @@
 """What a model's embedding is: which output, how its steps are pooled into one vector, whether
 the vector is L2-normalised, and the widths it may be cut to. Read from the config's
-`[embedding]` at load; applied by the `Embed` head (`heads`) inside the core call, to each
-sequence's outputs, which are already cut to the sequence's own length: a mean over them is
-the mean over the mask. Imports only the errors.
+`[embedding]` at load (`Task.EMBED`'s rule); applied by the `Embed` head, here, inside the
+core call, to each sequence's outputs, which are already cut to the sequence's own length: a
+mean over them is the mean over the mask. Imports the heads' protocol and the model.
 """
 
 from __future__ import annotations
@@ -12,7 +12,13 @@ from enum import StrEnum
 
 import numpy as np
 
+from bucketserve.core.heads import owned, rule_of
+from bucketserve.core.layout import Outputs
+from bucketserve.core.model import Model
+from bucketserve.core.task import Task
 from bucketserve.errors import InvalidInput
+
+EMBEDDING = "embedding"  # the name of what `Embed` answers for each sequence
 
 NORM_FLOOR = 1e-12  # torch's `normalize` eps: a zero vector stays zero
 DIMENSIONS = "dimensions"  # the request's field that asks for a cut (OpenAI's name)
@@ -98,3 +104,25 @@ def _normalised(vector: np.ndarray) -> np.ndarray:
     norm = np.float32(np.linalg.norm(vector))
     normalised: np.ndarray = vector / max(norm, np.float32(NORM_FLOOR))
     return normalised
+
+
+@dataclass(frozen=True)
+class Embed:
+    """A sequence's embedding, cut to `dimensions` where the model allows it (None: whole)."""
+
+    dimensions: int | None = None
+    task = Task.EMBED
+
+    def outputs(self, model: Model) -> tuple[str, ...]:
+        rule = embedding_rule(model)
+        rule.check_dimensions(self.dimensions)
+        return (rule.output,)
+
+    def answer(self, model: Model, outputs: Outputs, sequence: np.ndarray) -> Outputs:
+        rule = embedding_rule(model)
+        return {EMBEDDING: owned(rule.vector(outputs[rule.output], self.dimensions))}
+
+
+def embedding_rule(model: Model) -> Embedding:
+    rule: Embedding = rule_of(model, Task.EMBED, "does not embed: its config has no [embedding]")
+    return rule

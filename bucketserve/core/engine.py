@@ -40,6 +40,7 @@ from bucketserve.core.registry import Registry
 from bucketserve.core.result_cache import ResultCache, exact_inputs, refused_because
 from bucketserve.core.scheduler import Scheduler
 from bucketserve.core.shares import Shares
+from bucketserve.core.task import Task
 from bucketserve.errors import DeadlineExceeded, InvalidInput
 from bucketserve.metrics import Metrics
 from bucketserve.settings import Settings
@@ -71,9 +72,12 @@ class Engine:
         self._served: dict[Model, Running] = {}  # every model running, by the model object
         self._metrics: Metrics | None = None
 
-    def model(self, name: str | None = None, version: str | None = None) -> Model:
-        """The model served under `name` (the default when None), at `version` if one is named."""
-        return self.registry.resolve(name, version)
+    def model(
+        self, name: str | None = None, version: str | None = None, task: Task = Task.PREDICT
+    ) -> Model:
+        """The model served under `name` (when None: the one for `task`, `Registry.for_task`),
+        at `version` if one is named."""
+        return self.registry.resolve(name, version, task)
 
     @property
     def draining(self) -> bool:
@@ -237,7 +241,8 @@ class Engine:
 
     async def infer(self, call: Call) -> Answer:
         """Decide and run one request, in the order of the module docstring."""
-        model = self.model(call.model, call.version)
+        task = call.head.task if call.head is not None else Task.PREDICT
+        model = self.registry.resolve(call.model, call.version, task)
         served = self._served[model]
         with served.using():
             return await self._infer(call, model, served)

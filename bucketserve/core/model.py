@@ -16,10 +16,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from bucketserve.core.bucketing import BucketKey, BucketPlan, Invariance, round_up
-from bucketserve.core.classifier import Classifier
-from bucketserve.core.embedding import Embedding
 from bucketserve.core.layout import Layout, Outputs, segmented
-from bucketserve.core.sparse import MultiVector, SparseRule
+from bucketserve.core.task import Task
 from bucketserve.core.text_cut import BEYOND, cut_text
 from bucketserve.errors import InvalidInput
 
@@ -171,12 +169,9 @@ class ModelInfo:
     invariance: Invariance  # what batching was measured to do to the answers
     text_chars: int | None  # texts are cut to this many characters before tokenising
     served_config: Mapping[str, Any]  # the config route's body: the config as served
-    embedding: Embedding | None = None  # which output is its embedding, if it embeds
-    classifier: Classifier | None = None  # which output holds its labels' logits, if any
-    token_classifier: Classifier | None = None  # which holds each token's labels' logits
-    sparse: SparseRule | None = None  # how its outputs become sparse weights, if they do
-    multi_vector: MultiVector | None = None  # which output is one vector per token, if any
-    tokenizes: bool = False  # whether it takes text (its config names a tokenizer)
+    # each task it serves beside its outputs, and the task's rule (built by `loading` from
+    # the config's section: an Embedding, a Classifier...; True where the task needs none)
+    task_rules: Mapping[Task, Any] = field(default_factory=dict)
     prompts: Mapping[str, str] = field(default_factory=dict)  # name -> text put before a text
 
     def prompt(self, name: str | None) -> str:
@@ -201,21 +196,14 @@ class ModelInfo:
         names = [input_type, *INPUT_TYPE_PROMPTS.get(input_type, ())]
         return next((self.prompts[n] for n in names if n in self.prompts), "")
 
+    def rule(self, task: Task) -> Any:
+        """The model's rule for `task`, or None when it does not serve it."""
+        return self.task_rules.get(task)
+
     @property
     def tasks(self) -> list[str]:
-        """What the model serves beside its outputs: embed, embed_all, embed_sparse, classify,
-        classify_tokens, rerank, tokenize."""
-        reranks = self.classifier is not None and self.classifier.rerank_label is not None
-        served = {
-            "embed": self.embedding is not None,
-            "embed_all": self.multi_vector is not None,
-            "embed_sparse": self.sparse is not None,
-            "classify": self.classifier is not None,
-            "classify_tokens": self.token_classifier is not None,
-            "rerank": reranks,
-            "tokenize": self.tokenizes,
-        }
-        return ["predict", *(task for task, serves in served.items() if serves)]
+        """What the model serves: predict, and the tasks it has a rule for, in Task's order."""
+        return [task.value for task in Task if task is Task.PREDICT or task in self.task_rules]
 
 
 class Model:

@@ -5,7 +5,8 @@ of the repository. One entry per name, in one of three states: serving (its vers
 Every edge asks it (readiness, metadata, the repository index); the engine resolves a call's
 model through it; model control changes it (`put`, `remove`), with names it has checked
 (`check_name`: what a model's name may be). It holds no scheduler and starts
-nothing: what runs is the engine's. Imports only the model and the errors below it.
+nothing: what runs is the engine's. A call without a model goes to one that serves its task
+(`for_task`). Imports only the model, the tasks and the errors below it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from bucketserve.core.model import Model
+from bucketserve.core.task import Task
 from bucketserve.errors import MalformedRequest, ModelNotFound, ModelNotReady, quoted
 
 FAILED_RETRY_AFTER_S = 60  # a model that did not load stays so until the server restarts
@@ -86,10 +88,12 @@ class Registry:
 
     # -- asked by the edges and the engine ----------------------------------------------------
 
-    def resolve(self, name: str | None = None, version: str | None = None) -> Model:
-        """The model served under `name` (the default when None), at `version` if one is named
+    def resolve(
+        self, name: str | None = None, version: str | None = None, task: Task = Task.PREDICT
+    ) -> Model:
+        """The model served under `name` (when None: `for_task`), at `version` if one is named
         (a version is a path segment or a field as sent: digits, or refused)."""
-        name = name or self.default_model
+        name = name or self.for_task(task)
         if name is None:
             raise ModelNotFound("no model named, and the repository has no default model")
         entry = self._entries.get(name)
@@ -124,6 +128,16 @@ class Registry:
                 param="model",
             )
         return chosen
+
+    def for_task(self, task: Task) -> str | None:
+        """The model a call without one goes to: the default, when it serves `task`, else the
+        one model that does (else the default, which refuses naming its tasks)."""
+        models = self.models
+        default = self.default_model
+        if task is Task.PREDICT or (default in models and task.value in models[default].info.tasks):
+            return default
+        able = [n for n, m in models.items() if task.value in m.info.tasks]
+        return able[0] if len(able) == 1 else default
 
     def versions(self, name: str) -> Mapping[int, Model]:
         """The versions of `name` served now (none when it is not served)."""

@@ -1,8 +1,9 @@
 """Per-token outputs turned into what hybrid and late-interaction search index: a sparse
 vector over the vocabulary (`SparseRule`) and one vector per token (`MultiVector`). Read from
-the config's `[sparse]` and `[multi_vector]` at load; applied by the `Sparse` and `EmbedAll`
-heads (`heads`) to each sequence's outputs, already cut to its own tokens: the mask is
-respected because the padding is gone. Imports nothing of the server's.
+the config's `[sparse]` and `[multi_vector]` at load (the rules of `Task.EMBED_SPARSE` and
+`Task.EMBED_ALL`); applied by the `Sparse` and `EmbedAll` heads, here, to each sequence's
+outputs, already cut to its own tokens: the mask is respected because the padding is gone.
+Imports the heads' protocol and the model.
 
 - SPLADE (a masked-LM head, logits [T, V]): each vocabulary entry's weight is the largest
   log(1 + relu(logit)) over the text's tokens.
@@ -20,7 +21,14 @@ from enum import StrEnum
 
 import numpy as np
 
+from bucketserve.core.heads import owned, rule_of
+from bucketserve.core.layout import Outputs, token_ids
+from bucketserve.core.model import Model
+from bucketserve.core.task import Task
+
 NORM_FLOOR = 1e-12
+INDICES, VALUES = "indices", "values"  # what `Sparse` answers: the entries, and their weights
+VECTORS = "vectors"  # what `EmbedAll` answers: [T, width]
 
 
 class SparsePooling(StrEnum):
@@ -67,3 +75,49 @@ class MultiVector:
         norms = np.linalg.norm(steps, axis=-1, keepdims=True)
         normalised: np.ndarray = steps / np.maximum(norms, np.float32(NORM_FLOOR))
         return normalised
+
+
+@dataclass(frozen=True)
+class Sparse:
+    """A text's sparse weights, by the model's `[sparse]` rule; `top_k`: only the largest."""
+
+    top_k: int | None = None
+    task = Task.EMBED_SPARSE
+
+    def outputs(self, model: Model) -> tuple[str, ...]:
+        return (sparse_rule(model).output,)
+
+    def answer(self, model: Model, outputs: Outputs, sequence: np.ndarray) -> Outputs:
+        rule = sparse_rule(model)
+        indices, values = rule.weights(outputs[rule.output], token_ids(sequence), self.top_k)
+        return {INDICES: indices, VALUES: values}
+
+
+@dataclass(frozen=True)
+class EmbedAll:
+    """One vector per token of a text."""
+
+    task = Task.EMBED_ALL
+
+    def outputs(self, model: Model) -> tuple[str, ...]:
+        return (multi_vector_rule(model).output,)
+
+    def answer(self, model: Model, outputs: Outputs, sequence: np.ndarray) -> Outputs:
+        rule = multi_vector_rule(model)
+        return {VECTORS: owned(rule.vectors(outputs[rule.output]))}
+
+
+def sparse_rule(model: Model) -> SparseRule:
+    rule: SparseRule = rule_of(
+        model, Task.EMBED_SPARSE, "does not give sparse weights: its config has no [sparse]"
+    )
+    return rule
+
+
+def multi_vector_rule(model: Model) -> MultiVector:
+    rule: MultiVector = rule_of(
+        model,
+        Task.EMBED_ALL,
+        "gives no vector per token: its config has no [multi_vector] nor a per-token [embedding]",
+    )
+    return rule

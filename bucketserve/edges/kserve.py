@@ -32,6 +32,7 @@ from bucketserve.core.calls import OFF_LOOP_BYTES, Answer, Call, TextPairs, Text
 from bucketserve.core.engine import Engine
 from bucketserve.core.layout import FILLED, Input, InputRole, Tensor
 from bucketserve.core.model import TRUNCATE, Model, Truncation
+from bucketserve.core.task import Task
 from bucketserve.edges.tensors import (
     DATATYPE_OF,
     TEXT,
@@ -284,7 +285,7 @@ class TensorInputs:
             raise InvalidInput(
                 f"input {TEXT_INPUT}: send it alone (the server makes {others[:4]} from it)"
             )
-        pairs = model.info.classifier is not None  # (a model that reads pairs of texts)
+        pairs = model.info.rule(Task.CLASSIFY) is not None  # (a model that reads pairs of texts)
         rows = tensor_texts(text, (1, 2) if pairs else (1,))
         if len(rows[0]) == 2:
             return TextPairs([(a, b) for a, b in rows], self.truncation).sequences(model)

@@ -30,21 +30,14 @@ from bucketserve.core.model import Model, ModelInfo, SequenceRules
 from bucketserve.errors import ConfigError, brief
 from bucketserve.loading.batch_free import freed_spec
 from bucketserve.loading.check import Run, Traffic, measure, thread_difference
-from bucketserve.loading.layouts import (
-    Served,
-    classifier_of,
-    embedding_of,
-    layout_of,
-    multi_vector_of,
-    sparse_of,
-    token_classifier_of,
-)
+from bucketserve.loading.layouts import Served, layout_of
 from bucketserve.loading.mask_way import MaskWay, mask_of, mask_way, reads_input
 from bucketserve.loading.pad_safe import pad_safe_spec
 from bucketserve.loading.report import log_speed, log_verdict, pad_safe_report, served_config
 from bucketserve.loading.repository import (
     ModelSpec,
 )
+from bucketserve.loading.rules import Sources, task_rules
 from bucketserve.loading.served_file import default_cache_dir, served_graph
 from bucketserve.loading.speed import measure_speed
 from bucketserve.loading.traffic import traffic
@@ -130,10 +123,14 @@ def build_model(
     config, batching = spec.config, spec.config.batching
     layout, rules, served = checked.served.layout, checked.served.rules, checked.served
     invariance, failures, checked_s = checked.invariance, checked.failures, checked.seconds
-    embedding = embedding_of(spec, layout)
-    classifier = classifier_of(spec, layout)
-    token_classifier = token_classifier_of(spec, layout)
-    multi_vector = multi_vector_of(spec, layout, embedding)
+    tokenizer = (
+        load_tokenizer(spec.tokenizer_path, config.tokenizer.max_length)
+        if spec.tokenizer_path is not None and config.tokenizer is not None
+        else None
+    )
+    pad_id = int(config.inputs[config.sequence_input].pad_value)
+    sources = Sources(spec, layout, special_ids(tokenizer, pad_id), tokenizer is not None)
+    served_tasks = task_rules(sources)
     policy = invariance.policy if batching.policy == "auto" else Policy(batching.policy)
     if served.single is not None:  # no config makes a model batch that cannot
         policy = Policy.SINGLE
@@ -159,13 +156,6 @@ def build_model(
     if lone_batch_threads and not static and policy is Policy.BUCKETS:
         run = functools.partial(run_all, session)
         lone = lone_runner(spec, final, graph, layout, rules, plan, run, lone_batch_threads)
-    tokenizer = (
-        load_tokenizer(spec.tokenizer_path, config.tokenizer.max_length)
-        if spec.tokenizer_path is not None and config.tokenizer is not None
-        else None
-    )
-    pad_id = int(config.inputs[config.sequence_input].pad_value)
-    sparse = sparse_of(spec, layout, special_ids(tokenizer, pad_id))
     described = served_config(  # (the providers in use: the load session's are the same)
         spec,
         layout,
@@ -198,12 +188,7 @@ def build_model(
         invariance=invariance,
         text_chars=config.tokenizer.chars if config.tokenizer is not None else None,
         served_config=described,
-        embedding=embedding,
-        classifier=classifier,
-        token_classifier=token_classifier,
-        sparse=sparse,
-        multi_vector=multi_vector,
-        tokenizes=tokenizer is not None,
+        task_rules=served_tasks,
         prompts=dict(config.prompts or {}),
     )
     described["tasks"] = info.tasks  # (the same mapping the config route serves)

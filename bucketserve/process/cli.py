@@ -12,6 +12,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from bucketserve.core.task import Task
 from bucketserve.errors import ConfigError
 from bucketserve.settings import Settings, env_name, parse_value
 
@@ -129,7 +130,7 @@ def _models_import(args: argparse.Namespace) -> int:
         f"{check['batching']} (tolerance {check['tolerance']}); served as "
         f"{served['batching']['policy']}"
     )
-    embedding = model.info.embedding
+    embedding = model.info.rule(Task.EMBED)
     if embedding is not None:
         print(
             f"  embedding: {embedding.output}, pooling {embedding.pooling.value}, "

@@ -16,15 +16,14 @@ from fastapi import APIRouter, Request, Response
 from pydantic import Field, StrictStr
 
 from bucketserve.core.calls import Texts
-from bucketserve.core.heads import EMBEDDING, Embed
+from bucketserve.core.embedding import EMBEDDING, Embed
 from bucketserve.core.model import Truncation
 from bucketserve.edges.http.common import (
-    engine_of,
     json_response,
     request_id,
 )
 from bucketserve.edges.http.schemas import Integer, Positive, Strict
-from bucketserve.edges.http.task_call import body_of, model_for, post, run
+from bucketserve.edges.http.task_call import body_of, post, run
 
 router = APIRouter(tags=["Cohere"])
 
@@ -52,9 +51,8 @@ class EmbedBody(Strict):
 
 async def embed(request: Request, version: int) -> Response:
     body: EmbedBody = await body_of(request, EmbedBody)
-    name = model_for(engine_of(request), body.model, "embed")
     texts = Texts(body.texts, CUTS[body.truncate], input_type=body.input_type)
-    answer = await run(request, texts, name, Embed(body.output_dimension), body.priority)
+    answer = await run(request, texts, body.model, Embed(body.output_dimension), body.priority)
     vectors = [out[EMBEDDING] for out in answer.outputs]
     by_type = version == 2 or body.embedding_types is not None
     reply: dict[str, Any] = {

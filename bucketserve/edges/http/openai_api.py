@@ -21,8 +21,10 @@ from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError
 
 from bucketserve.core.calls import Inputs, Sequences, Texts
-from bucketserve.core.heads import EMBEDDING, Embed, not_served
+from bucketserve.core.embedding import EMBEDDING, Embed
+from bucketserve.core.heads import not_served
 from bucketserve.core.model import Model, Truncation
+from bucketserve.core.task import Task
 from bucketserve.edges.http.common import (
     JSON,
     PRIORITY_PARAMETER,
@@ -241,7 +243,7 @@ async def embeddings(request: Request) -> Response:
 
 
 # the tasks a model is listed here for: every one a retrieval pipeline calls
-RETRIEVAL = ("embed", "embed_all", "embed_sparse", "rerank", "classify", "classify_tokens")
+RETRIEVAL = tuple(t.value for t in Task if t not in (Task.PREDICT, Task.TOKENIZE))
 
 
 def card(model: Model) -> dict[str, Any]:

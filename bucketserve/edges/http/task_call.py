@@ -1,6 +1,6 @@
 """What every task route shares (`tasks`, `cohere_api`): its place in the document, its body
-read against its schema, the model a request without one goes to, and its call through the
-engine, as every route's.
+read against its schema, and its call through the engine, as every route's (a call without a
+model goes to one that serves its head's task: the registry decides).
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from bucketserve.core.calls import Answer, Inputs
-from bucketserve.core.engine import Engine
 from bucketserve.core.heads import Head
 from bucketserve.edges.http.common import (
     JSON,
@@ -41,19 +40,6 @@ def post(
     if 504 in statuses:
         extra["parameters"] = [TIMEOUT_PARAMETER, PRIORITY_PARAMETER]
     return router.post(path, responses=errors(*statuses), openapi_extra=extra, summary=summary)
-
-
-def model_for(engine: Engine, name: str | None, task: str) -> str | None:
-    """The model a request without a `model` goes to: the default, when it serves `task`,
-    else the one model that does (else the default, which refuses naming its tasks)."""
-    if name is not None:
-        return name
-    models = engine.registry.models
-    default = engine.registry.default_model
-    if default in models and task in models[default].info.tasks:
-        return default
-    able = [n for n, m in models.items() if task in m.info.tasks]
-    return able[0] if len(able) == 1 else None
 
 
 async def run(

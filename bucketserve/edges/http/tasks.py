@@ -31,29 +31,26 @@ from fastapi import APIRouter, Request, Response
 from pydantic import Field, StrictBool, StrictStr
 
 from bucketserve.core.calls import INLINE_TEXT_CHARS, Inputs, TextPairs, Texts
-from bucketserve.core.entities import entities
-from bucketserve.core.heads import (
-    INDICES,
+from bucketserve.core.classifier import (
     RELEVANCE,
     SCORES,
-    VALUES,
-    VECTORS,
     Classify,
-    EmbedAll,
     Rerank,
-    Sparse,
     classifier_rule,
-    not_served,
     token_classifier_rule,
 )
+from bucketserve.core.entities import entities
+from bucketserve.core.heads import not_served
 from bucketserve.core.model import Model, Truncation
+from bucketserve.core.sparse import INDICES, VALUES, VECTORS, EmbedAll, Sparse
+from bucketserve.core.task import Task
 from bucketserve.edges.http.common import (
     engine_of,
     json_response,
     request_id,
 )
 from bucketserve.edges.http.schemas import Integer, Positive, Strict
-from bucketserve.edges.http.task_call import READ, body_of, model_for, post, run
+from bucketserve.edges.http.task_call import READ, body_of, post, run
 from bucketserve.errors import InvalidInput, quoted
 
 router = APIRouter(tags=["Tasks"])
@@ -201,9 +198,8 @@ def ranked(scores: Sequence[float] | np.ndarray, top: int | None) -> list[int]:
 async def rerank_tei(request: Request) -> Response:
     body: TeiRerankBody = await body_of(request, TeiRerankBody)
     refuse_prompt_for_pairs(body.prompt_name)
-    name = model_for(engine_of(request), body.model, "rerank")
     pairs = TextPairs([(body.query, text) for text in body.texts], body.truncation)
-    answer = await run(request, pairs, name, Rerank(body.raw_scores))
+    answer = await run(request, pairs, body.model, Rerank(body.raw_scores))
     scores = [float(out[RELEVANCE]) for out in answer.outputs]
     return json_response(
         [
@@ -221,9 +217,8 @@ async def rerank(request: Request) -> Response:
         raise InvalidInput(
             f"top_n {body.top_n} is more than the {len(documents)} documents", param="top_n"
         )
-    name = model_for(engine_of(request), body.model, "rerank")
     pairs = TextPairs([(body.query, d) for d in documents], Truncation(body.truncate))
-    answer = await run(request, pairs, name, Rerank(), body.priority)
+    answer = await run(request, pairs, body.model, Rerank(), body.priority)
     scores = [float(out[RELEVANCE]) for out in answer.outputs]
     results = [
         {"index": i, "relevance_score": scores[i]}
@@ -294,8 +289,7 @@ async def classify(request: Request) -> Response:
         inputs = TextPairs([(a, b) for a, b in texts], body.truncation)
     else:
         inputs = Texts([t[0] for t in texts], body.truncation, body.prompt_name)
-    name = model_for(engine_of(request), body.model, "classify")
-    answer = await run(request, inputs, name, Classify(body.raw_scores))
+    answer = await run(request, inputs, body.model, Classify(body.raw_scores))
     labels = classifier_rule(answer.model).labels
     results = [
         [{"label": labels[i], "score": float(scores[i])} for i in ranked(scores, body.top_k)]
@@ -325,8 +319,7 @@ async def classify_tokens(request: Request) -> Response:
     body: TokensBody = await body_of(request, TokensBody)
     if body.prompt_name is not None:  # (each entity's span is in the text as sent)
         raise InvalidInput("prompt_name: a tagger reads the texts as sent", param="prompt_name")
-    name = model_for(engine_of(request), body.model, "classify_tokens")
-    answer = await run(request, body.inputs_of_texts, name, Classify(tokens=True))
+    answer = await run(request, body.inputs_of_texts, body.model, Classify(tokens=True))
     model: Model = answer.model
     # each token's span and string, tokenised as the call's texts were (off the loop if long)
     tokenise = functools.partial(model.tokens, body.texts, truncation=body.truncation)
@@ -348,8 +341,7 @@ async def classify_tokens(request: Request) -> Response:
 )
 async def embed_sparse(request: Request) -> Response:
     body: SparseBody = await body_of(request, SparseBody)
-    name = model_for(engine_of(request), body.model, "embed_sparse")
-    answer = await run(request, body.inputs_of_texts, name, Sparse(body.top_k))
+    answer = await run(request, body.inputs_of_texts, body.model, Sparse(body.top_k))
     return json_response(
         [
             [
@@ -364,14 +356,13 @@ async def embed_sparse(request: Request) -> Response:
 @post(router, "/embed_all", TextsBody, "One vector per token of each text")
 async def embed_all(request: Request) -> Response:
     body: TextsBody = await body_of(request, TextsBody)
-    name = model_for(engine_of(request), body.model, "embed_all")
-    answer = await run(request, body.inputs_of_texts, name, EmbedAll())
+    answer = await run(request, body.inputs_of_texts, body.model, EmbedAll())
     return json_response([out[VECTORS] for out in answer.outputs])
 
 
 def tokenizing_model(request: Request, name: str | None) -> Model:
     engine = engine_of(request)
-    model = engine.model(model_for(engine, name, "tokenize"))
+    model = engine.model(name, task=Task.TOKENIZE)
     if model.tokenizer is None:
         raise not_served(model, "has no tokenizer")
     return model
