@@ -99,6 +99,15 @@ class Texts:
         return sum(len(t) for t in self.texts) > INLINE_TEXT_CHARS
 
     def sequences(self, model: Model) -> list[np.ndarray]:
+        encoded = model.encode(self._prompted(model), self.truncation)
+        return [model.validate(seq, i) for i, seq in enumerate(encoded)]
+
+    def with_tokens(self, model: Model) -> tuple[list[np.ndarray], list[list[dict[str, Any]]]]:
+        """`sequences`, and each text's tokens (`Model.tokens`) from the same tokenisation."""
+        encoded, tokens = model.encode_with_tokens(self._prompted(model), self.truncation)
+        return [model.validate(seq, i) for i, seq in enumerate(encoded)], tokens
+
+    def _prompted(self, model: Model) -> Sequence[str]:
         # An empty text means nothing to embed or tag (a tokenizer still makes it [CLS] [SEP]):
         # refused, as OpenAI's API and text-embeddings-inference refuse it.
         empty = next((i for i, text in enumerate(self.texts) if not text), None)
@@ -107,9 +116,7 @@ class Texts:
         info = model.info
         named = self.prompt_name is not None
         prompt = info.prompt(self.prompt_name) if named else info.prompt_of_type(self.input_type)
-        texts = [prompt + text for text in self.texts] if prompt else self.texts
-        encoded = model.encode(texts, self.truncation)
-        return [model.validate(seq, i) for i, seq in enumerate(encoded)]
+        return [prompt + text for text in self.texts] if prompt else self.texts
 
 
 @dataclass(frozen=True)

@@ -28,14 +28,16 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any, cast
 
 import numpy as np
 
-from bucketserve.core.calls import Answer, Call
-from bucketserve.core.heads import Head, Picked, answer_key
+from bucketserve.core.calls import Answer, Call, Inputs, Texts
+from bucketserve.core.heads import Head, Picked, TextHead, answer_key
 from bucketserve.core.layout import Outputs
 from bucketserve.core.lifecycle import Lifecycle
 from bucketserve.core.model import Model
+from bucketserve.core.queues import Finish
 from bucketserve.core.registry import Registry
 from bucketserve.core.result_cache import ResultCache, exact_inputs, refused_because
 from bucketserve.core.scheduler import Scheduler
@@ -133,7 +135,6 @@ class Engine:
             lifecycle=self.lifecycle,
             shares=self._shares(),
             max_overtakes=self.settings.max_overtakes,
-            share_identical=cache is not None,  # (safe exactly where a cache is)
         )
         task = asyncio.create_task(scheduler.run(), name=f"scheduler-{model.name}")
         self._served[model] = Running(scheduler, task, cache)
@@ -259,12 +260,22 @@ class Engine:
                 raise InvalidInput(f"too many sequences: {count} > {self.settings.max_sequences}")
             # (a text is not tokenised only to be refused)
             served.scheduler.refuse_now(count, level, call.tenant)
-            if call.inputs.heavy:
-                sequences = await asyncio.to_thread(call.inputs.sequences, model)
-            else:
-                sequences = call.inputs.sequences(model)
+            # A head that reads a text's own tokens (its spans, its strings) gets them from the
+            # one tokenisation that made the sequence; its answer is then the text's, not only
+            # its ids', so neither the cache nor a shared run applies.
+            reads_text = getattr(head, "reads_text", False)
+            read = functools.partial(_read, call.inputs, model, reads_text)
+            sequences, tokens = await asyncio.to_thread(read) if call.inputs.heavy else read()
             self.within_token_budget(sequences)
-        answers = await self._answers(call, model, served, sequences, head, level, deadline)
+        if tokens is None:
+            finishes = [functools.partial(head.answer, model)] * len(sequences)
+        else:
+            text_head = cast(TextHead, head)  # (`reads_text` said so)
+            finishes = [functools.partial(text_head.answer, model, tokens=t) for t in tokens]
+        cache = None if reads_text else served.cache
+        answers = await self._answers(
+            call, model, served, cache, sequences, head, finishes, level, deadline
+        )
         return Answer(model, answers, [len(s) for s in sequences])
 
     async def _answers(
@@ -272,18 +283,19 @@ class Engine:
         call: Call,
         model: Model,
         served: Running,
+        cache: ResultCache | None,
         sequences: Sequence[np.ndarray],
         head: Head,
+        finishes: Sequence[Finish],
         level: int,
         deadline: float,
     ) -> list[Outputs]:
-        """Each sequence's answer by `head`: those the cache keeps, the others run (and
-        answered by the head in the worker, as their batch finishes)."""
-        scheduler, cache = served.scheduler, served.cache
-        finish = functools.partial(head.answer, model)
+        """Each sequence's answer by `head`: those `cache` keeps, the others run (and answered
+        by `finishes` in the worker, as their batch finishes)."""
+        scheduler = served.scheduler
         if cache is None:
             return await scheduler.infer(
-                sequences, deadline, call.request_id, level, call.tenant, finish=finish
+                sequences, deadline, call.request_id, level, call.tenant, finishes=finishes
             )
         if deadline <= time.monotonic():  # (as the scheduler refuses it: kept or not)
             if self._metrics is not None:
@@ -302,12 +314,30 @@ class Engine:
             todo = [sequences[i] for i in missing]
             identities = [keys[i] for i in missing]  # (not made again to share a run)
             ran = await scheduler.infer(
-                todo, deadline, call.request_id, level, call.tenant, identities, finish
+                todo,
+                deadline,
+                call.request_id,
+                level,
+                call.tenant,
+                identities,
+                [finishes[i] for i in missing],
             )
             for i, answer in zip(missing, ran, strict=True):
                 found[i] = answer
                 cache.put(keys[i], answer)
         return [out for out in found if out is not None]
+
+
+def _read(
+    inputs: Inputs, model: Model, with_tokens: bool
+) -> tuple[list[np.ndarray], list[list[dict[str, Any]]] | None]:
+    """The call's validated sequences, and (`with_tokens`) each text's tokens beside them,
+    from one tokenisation; InvalidInput where the inputs are not texts."""
+    if not with_tokens:
+        return inputs.sequences(model), None
+    if not isinstance(inputs, Texts):
+        raise InvalidInput("this task reads texts: send texts, not token ids or tensors")
+    return inputs.with_tokens(model)
 
 
 @dataclass(eq=False)

@@ -1,5 +1,9 @@
-"""A token classifier's scores made into what a tagger's client reads: the entities of a text,
-as Hugging Face's token-classification pipeline gives them, so its users' code reads ours.
+"""Token classification: a tagger's scores for each token of a text, by its
+`[token_classifier]` (a `labels.Classifier`: the rule of `Task.CLASSIFY_TOKENS`), made into
+what a tagger's client reads: the text's entities, as Hugging Face's token-classification
+pipeline gives them, so its users' code reads ours. The `TagTokens` head reads the text's
+own tokens (their strings and spans), as the core encoded it for the model: nothing tokenises
+it twice; it answers in the worker, as every head does.
 
 - `none`: each token but the special ones, its best label, that label's score, its index in
   the text's tokens, its own string and character span.
@@ -11,17 +15,25 @@ as Hugging Face's token-classification pipeline gives them, so its users' code r
   then words grouped as `simple` groups tokens. A word never splits between entities.
 
 Either way entities labelled as `ignore` (by default `O`, outside any entity) are left out.
-Imports nothing of the server's: the tokens come as `Model.tokens` gives them.
+Imports the heads' protocol, the labels' rule and the model.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from bucketserve.core.heads import rule_of
+from bucketserve.core.labels import Classifier
+from bucketserve.core.layout import Outputs
+from bucketserve.core.model import Model
+from bucketserve.core.task import Task
+
 IGNORED = ("O",)
+ENTITIES = "entities"  # what `TagTokens` answers: the text's entities, a list of dicts
 
 
 WORDS = ("first", "average", "max")  # the aggregations that make a word of its pieces
@@ -133,3 +145,38 @@ def entities(
     if aggregation == "none":
         return [e for e in found if e["entity"] not in ignore]
     return [e for e in grouped(found, join) if e["entity_group"] not in ignore]
+
+
+@dataclass(frozen=True)
+class TagTokens:
+    """A text's entities by `aggregation`, those labelled in `ignore` left out. It reads the
+    text's own tokens (`reads_text`): an answer is the text's, not only its ids'."""
+
+    aggregation: str = "none"
+    ignore: tuple[str, ...] = IGNORED
+    task = Task.CLASSIFY_TOKENS
+    reads_text = True
+
+    def outputs(self, model: Model) -> tuple[str, ...]:
+        return (token_classifier_rule(model).output,)
+
+    def answer(
+        self,
+        model: Model,
+        outputs: Outputs,
+        sequence: np.ndarray,
+        tokens: Sequence[dict[str, Any]] = (),
+    ) -> Outputs:
+        rule = token_classifier_rule(model)
+        scores = rule.scores(outputs[rule.output])
+        found = entities(scores, tokens, rule.labels, self.aggregation, model.joined, self.ignore)
+        return {ENTITIES: np.array(found, dtype=object)}  # (the entities, as they are)
+
+
+def token_classifier_rule(model: Model) -> Classifier:
+    rule: Classifier = rule_of(
+        model,
+        Task.CLASSIFY_TOKENS,
+        "does not classify tokens: its config has no [token_classifier]",
+    )
+    return rule

@@ -14,6 +14,7 @@ logits are the vocabulary's width at every token), and the result cache keeps an
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -37,6 +38,21 @@ class Head(Protocol):
     def answer(self, model: Model, outputs: Outputs, sequence: np.ndarray) -> Outputs:
         """One sequence's answer from its outputs (those `outputs` named) and its steps (the
         token ids a sparse vector is indexed by)."""
+
+
+class TextHead(Head, Protocol):
+    """A head that reads a text's own tokens beside the outputs (`reads_text`: their strings
+    and spans, as `Model.tokens` gives them)."""
+
+    reads_text: bool
+
+    def answer(
+        self,
+        model: Model,
+        outputs: Outputs,
+        sequence: np.ndarray,
+        tokens: Sequence[dict[str, Any]] = (),
+    ) -> Outputs: ...
 
 
 def answer_key(head: Head) -> bytes:

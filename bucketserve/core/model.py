@@ -316,7 +316,23 @@ class Model:
         """Each text's tokens as the model's tokenizer makes them (cut to its length): id, the
         text it covers (a special token's own), whether it is special, its character span,
         and the token's own string (`piece`: a WordPiece continuation's "##s")."""
-        encodings = self._encodings(texts, truncation, special)
+        return self._tokens(texts, self._encodings(texts, truncation, special))
+
+    def encode_with_tokens(
+        self, texts: Sequence[str], truncation: Truncation = TRUNCATE
+    ) -> tuple[list[np.ndarray], list[list[dict[str, Any]]]]:
+        """`encode` and `tokens` of the same texts from one tokenisation: each text's ids,
+        and its tokens (for a head that reads a text's own tokens: spans, strings)."""
+        encodings = self._encodings(texts, truncation)
+        dtype = self.info.rules.dtype
+        return [np.asarray(e.ids, dtype=dtype) for e, _ in encodings], self._tokens(
+            texts, encodings
+        )
+
+    @staticmethod
+    def _tokens(
+        texts: Sequence[str], encodings: Sequence[tuple[Any, int]]
+    ) -> list[list[dict[str, Any]]]:
         return [
             [
                 {"id": i, "text": piece if mark else text[a + shift : b + shift]}

@@ -17,9 +17,10 @@ with `plan`, `batch_shape` and `run_batch`.
 
 Each sequence carries its priority level and tenant into the queues, which order by them
 (`queues`, `shares`); a tenant over its share of the queue is refused before a full queue
-refuses anyone. Where `share_identical` (the engine says so only for a model whose answers
-the check proved independent of batching and padding), a sequence identical to one queued or
-running joins it and gets its answer: computed once.
+refuses anyone. Where the caller gives each sequence's identity (the engine does exactly where
+a model's answers were proved independent of batching and padding, and the answer asked
+depends on the ids alone), a sequence identical to one queued or running joins it and gets
+its answer: computed once.
 """
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ from bucketserve.core.bucketing import BucketKey, BucketPlan
 from bucketserve.core.layout import Outputs
 from bucketserve.core.lifecycle import Lifecycle
 from bucketserve.core.queues import DEFAULT_MAX_OVERTAKES, BucketQueues, Finish, Pending
-from bucketserve.core.result_cache import exact_inputs
 from bucketserve.core.shares import Shares
 from bucketserve.errors import DeadlineExceeded, InferenceFailed, Unavailable
 from bucketserve.logs import Throttled
@@ -111,18 +111,16 @@ class Scheduler:
         lifecycle: Lifecycle | None = None,
         shares: Shares | None = None,
         max_overtakes: int = DEFAULT_MAX_OVERTAKES,
-        share_identical: bool = False,
     ) -> None:
         """`capacity`: sequences that may wait at once. `instances`: batches that may run at
         once, each in its own worker thread, on the model's one set of weights. `tracing`:
         where each sequence's wait and each batch are traced, with `attributes` (the model's
         name and version) on every batch. `lifecycle`: the engine's, whose drain it obeys.
         `shares`: the tenants' weights; `max_overtakes`: how often a sequence may be passed
-        over for a better level; `share_identical`: identical sequences run once."""
+        over for a better level."""
         self.model = model
         self.capacity = capacity
         self.queues = BucketQueues(max_delay_s, max_overtakes, shares or Shares())
-        self._share_identical = share_identical
         self._in_flight_by_input: dict[bytes, Pending] = {}  # queued or running, to join
         self.admitted = 0  # requests let in since start
         self.answered = 0  # of those, requests whose outputs were handed back
@@ -175,12 +173,12 @@ class Scheduler:
         level: int = 1,
         tenant: str = "",
         identities: Sequence[bytes] | None = None,
-        finish: Finish | None = None,
+        finishes: Sequence[Finish] | None = None,
     ) -> list[asyncio.Future[Outputs]]:
         """Let a request's validated sequences in, each into its bucket (or joining an
         identical one in flight), or refuse the request whole. One future per sequence, in
-        order. `identities`: their exact inputs and the answer asked (`finish`: made from
-        each sequence's outputs in the worker), where the caller has them already."""
+        order. `identities`: their exact inputs and the answer asked, where identical ones may
+        share a run; `finishes`: each one's answer from its outputs, made in the worker."""
         name = self.model.name
         self.refuse_now(len(sequences), level, tenant)
         now = self._clock()
@@ -191,8 +189,6 @@ class Scheduler:
         loop = asyncio.get_running_loop()
         futures: list[asyncio.Future[Outputs]] = []
         joined = joined_tokens = 0
-        if identities is None and self._share_identical:
-            identities = [exact_inputs(seq) for seq in sequences]
         for i, seq in enumerate(sequences):
             future: asyncio.Future[Outputs] = loop.create_future()
             futures.append(future)
@@ -205,7 +201,7 @@ class Scheduler:
             pending = Pending(
                 seq, future, now, deadline, request_id, self._tracing.queued(), level, tenant
             )
-            pending.finish = finish
+            pending.finish = None if finishes is None else finishes[i]
             if identity is not None:
                 pending.identity = identity
                 self._in_flight_by_input[identity] = pending
@@ -226,11 +222,11 @@ class Scheduler:
         level: int = 1,
         tenant: str = "",
         identities: Sequence[bytes] | None = None,
-        finish: Finish | None = None,
+        finishes: Sequence[Finish] | None = None,
     ) -> list[Outputs]:
-        """Admit the sequences and wait for their answers (`finish`ed outputs), in order,
-        until the deadline."""
-        futures = self.admit(sequences, deadline, request_id, level, tenant, identities, finish)
+        """Admit the sequences and wait for their answers (`finishes`' answers from their
+        outputs, else the outputs), in order, until the deadline."""
+        futures = self.admit(sequences, deadline, request_id, level, tenant, identities, finishes)
         self._in_flight += 1
         try:
             # asyncio.wait, not wait_for(gather(...)): cancelling a gather under wait_for leaves

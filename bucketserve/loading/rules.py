@@ -12,8 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from bucketserve.core.classifier import Activation, Classifier
 from bucketserve.core.embedding import Embedding, Pooling
+from bucketserve.core.labels import Activation, Classifier
 from bucketserve.core.layout import SAME_STEPS, Layout
 from bucketserve.core.sparse import MultiVector, SparsePooling, SparseRule
 from bucketserve.core.task import Task

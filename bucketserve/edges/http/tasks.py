@@ -22,7 +22,6 @@ task, else to the one model that does. Errors come in the one error form.
 from __future__ import annotations
 
 import asyncio
-import functools
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
@@ -31,15 +30,8 @@ from fastapi import APIRouter, Request, Response
 from pydantic import Field, StrictBool, StrictStr
 
 from bucketserve.core.calls import INLINE_TEXT_CHARS, Inputs, TextPairs, Texts
-from bucketserve.core.classifier import (
-    RELEVANCE,
-    SCORES,
-    Classify,
-    Rerank,
-    classifier_rule,
-    token_classifier_rule,
-)
-from bucketserve.core.entities import entities
+from bucketserve.core.classifier import RELEVANCE, SCORES, Classify, Rerank, classifier_rule
+from bucketserve.core.entities import ENTITIES, TagTokens
 from bucketserve.core.heads import not_served
 from bucketserve.core.model import Model, Truncation
 from bucketserve.core.sparse import INDICES, VALUES, VECTORS, EmbedAll, Sparse
@@ -319,17 +311,9 @@ async def classify_tokens(request: Request) -> Response:
     body: TokensBody = await body_of(request, TokensBody)
     if body.prompt_name is not None:  # (each entity's span is in the text as sent)
         raise InvalidInput("prompt_name: a tagger reads the texts as sent", param="prompt_name")
-    answer = await run(request, body.inputs_of_texts, body.model, Classify(tokens=True))
-    model: Model = answer.model
-    # each token's span and string, tokenised as the call's texts were (off the loop if long)
-    tokenise = functools.partial(model.tokens, body.texts, truncation=body.truncation)
-    heavy = sum(map(len, body.texts)) > INLINE_TEXT_CHARS
-    tokens = await asyncio.to_thread(tokenise) if heavy else tokenise()
-    labels, join = token_classifier_rule(model).labels, model.joined
-    found = [
-        entities(out[SCORES], spans, labels, body.aggregation, join, body.ignore_labels)
-        for out, spans in zip(answer.outputs, tokens, strict=True)
-    ]
+    head = TagTokens(body.aggregation, tuple(body.ignore_labels))
+    answer = await run(request, body.inputs_of_texts, body.model, head)
+    found = [out[ENTITIES].tolist() for out in answer.outputs]
     return json_response(found[0] if isinstance(body.inputs, str) else found)
 
 
