@@ -736,3 +736,30 @@ async def test_every_body_form_gets_an_answer_for_each_item(client: httpx.AsyncC
             assert all(isinstance(r, dict) for r in reply), (path, body)
         else:
             assert _answers(path, reply) == items, (path, body)
+
+
+async def test_a_drain_refuses_tokenize_and_decode_as_it_refuses_embeddings(
+    repository: Repository, caplog: pytest.LogCaptureFixture
+) -> None:
+    """/tokenize and /decode are core calls like the rest: admitted before a drain (and
+    counted in its tally), refused with 503 and Retry-After once it began, as /v1/embeddings
+    is."""
+    engine = load_engine(Settings(models=repository.models))
+    with caplog.at_level(logging.INFO):
+        async with serving(engine) as client:
+            before = await client.post("/tokenize", json={"model": "sentiment", "inputs": "a"})
+            await engine.drain()
+            refused = [
+                await client.post(path, json=body)
+                for path, body in (
+                    ("/v1/embeddings", {"model": "embedder", "input": "the cat"}),
+                    ("/tokenize", {"model": "sentiment", "inputs": "the cat"}),
+                    ("/decode", {"model": "sentiment", "ids": [5, 6]}),
+                )
+            ]
+    assert before.status_code == 200, before.text
+    for answer in refused:
+        assert answer.status_code == 503, answer.text
+        assert int(answer.headers["retry-after"]) >= 1
+        assert "draining" in answer.text
+    assert "1 requests admitted since start, 1 answered" in caplog.text

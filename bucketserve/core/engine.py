@@ -33,7 +33,7 @@ from typing import Any, cast
 import numpy as np
 
 from bucketserve.core.calls import Answer, Call, Inputs, Texts
-from bucketserve.core.heads import Head, Picked, TextHead, answer_key
+from bucketserve.core.heads import DirectHead, Head, Picked, TextHead, answer_key
 from bucketserve.core.layout import Outputs
 from bucketserve.core.lifecycle import Lifecycle
 from bucketserve.core.model import Model
@@ -191,8 +191,8 @@ class Engine:
         if first:
             log.info(
                 "drained: %d requests admitted since start, %d answered",
-                sum(s.scheduler.admitted + s.from_cache for s in running),
-                sum(s.scheduler.answered + s.from_cache for s in running),
+                sum(s.scheduler.admitted + s.answered_here for s in running),
+                sum(s.scheduler.answered + s.answered_here for s in running),
             )
         return True
 
@@ -260,6 +260,8 @@ class Engine:
                 raise InvalidInput(f"too many sequences: {count} > {self.settings.max_sequences}")
             # (a text is not tokenised only to be refused)
             served.scheduler.refuse_now(count, level, call.tenant)
+            if not getattr(head, "runs_model", True):  # (the tokenizer alone: no batch)
+                return await self._answered_here(cast(DirectHead, head), model, served, call)
             # A head that reads a text's own tokens (its spans, its strings) gets them from the
             # one tokenisation that made the sequence; its answer is then the text's, not only
             # its ids', so neither the cache nor a shared run applies.
@@ -277,6 +279,16 @@ class Engine:
             call, model, served, cache, sequences, head, finishes, level, deadline
         )
         return Answer(model, answers, [len(s) for s in sequences])
+
+    async def _answered_here(
+        self, head: DirectHead, model: Model, served: Running, call: Call
+    ) -> Answer:
+        """A call whose head runs no model (the tokenizer alone), admitted: answered here, in
+        a worker thread when its inputs are heavy, and counted for the drain."""
+        answer = functools.partial(head.answer_all, model, call.inputs)
+        answers = await asyncio.to_thread(answer) if call.inputs.heavy else answer()
+        served.answered_here += 1
+        return Answer(model, answers, _lengths(answers))
 
     async def _answers(
         self,
@@ -309,7 +321,7 @@ class Engine:
             saved = sum(len(s) for s, out in zip(sequences, found, strict=True) if out is not None)
             self._metrics.cache_looked_up(model.name, len(keys) - len(missing), len(missing), saved)
         if not missing:
-            served.from_cache += 1
+            served.answered_here += 1
         else:
             todo = [sequences[i] for i in missing]
             identities = [keys[i] for i in missing]  # (not made again to share a run)
@@ -326,6 +338,11 @@ class Engine:
                 found[i] = answer
                 cache.put(keys[i], answer)
         return [out for out in found if out is not None]
+
+
+def _lengths(answers: Sequence[Outputs]) -> list[int]:
+    """Each answer's length, where no sequence ran: its tokens (or 1, a text)."""
+    return [int(np.size(next(iter(a.values()), ()))) for a in answers]
 
 
 def _read(
@@ -350,7 +367,7 @@ class Running:
     task: asyncio.Task[None]
     cache: ResultCache | None = None  # its answers kept, where they cannot depend on batching
     users: int = 0
-    from_cache: int = 0  # requests answered from the cache alone (its scheduler never saw)
+    answered_here: int = 0  # requests its scheduler never saw: all from the cache, or no run
 
     @contextlib.contextmanager
     def using(self) -> Iterator[None]:

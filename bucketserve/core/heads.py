@@ -55,6 +55,15 @@ class TextHead(Head, Protocol):
     ) -> Outputs: ...
 
 
+class DirectHead(Head, Protocol):
+    """A head that runs no model (`runs_model` False: the tokenizer alone): it answers a
+    call's inputs whole."""
+
+    runs_model: bool
+
+    def answer_all(self, model: Model, inputs: Any) -> list[Outputs]: ...
+
+
 def answer_key(head: Head) -> bytes:
     """What tells heads' answers apart: identical sequences share a run, and the cache keeps
     an answer, only under the same head (a frozen dataclass: its fields are its answer)."""

@@ -21,7 +21,6 @@ task, else to the one model that does. Errors come in the one error form.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
@@ -29,15 +28,13 @@ import numpy as np
 from fastapi import APIRouter, Request, Response
 from pydantic import Field, StrictBool, StrictStr
 
-from bucketserve.core.calls import INLINE_TEXT_CHARS, Inputs, TextPairs, Texts
+from bucketserve.core.calls import Inputs, TextPairs, Texts
 from bucketserve.core.classifier import RELEVANCE, SCORES, Classify, Rerank, classifier_rule
 from bucketserve.core.entities import ENTITIES, TagTokens
-from bucketserve.core.heads import not_served
-from bucketserve.core.model import Model, Truncation
+from bucketserve.core.model import Truncation
 from bucketserve.core.sparse import INDICES, VALUES, VECTORS, EmbedAll, Sparse
-from bucketserve.core.task import Task
+from bucketserve.core.tokenize import TEXT, TOKENS, Decode, IdRows, Tokenize
 from bucketserve.edges.http.common import (
-    engine_of,
     json_response,
     request_id,
 )
@@ -344,14 +341,6 @@ async def embed_all(request: Request) -> Response:
     return json_response([out[VECTORS] for out in answer.outputs])
 
 
-def tokenizing_model(request: Request, name: str | None) -> Model:
-    engine = engine_of(request)
-    model = engine.model(name, task=Task.TOKENIZE)
-    if model.tokenizer is None:
-        raise not_served(model, "has no tokenizer")
-    return model
-
-
 @post(
     router,
     "/tokenize",
@@ -361,21 +350,14 @@ def tokenizing_model(request: Request, name: str | None) -> Model:
 )
 async def tokenize(request: Request) -> Response:
     body: TokenizeBody = await body_of(request, TokenizeBody)
-    model = tokenizing_model(request, body.model)
     texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
-    limit = engine_of(request).settings.max_sequences
-    if len(texts) > limit:
-        raise InvalidInput(f"too many texts: {len(texts)} > {limit}")
-    if sum(map(len, texts)) > INLINE_TEXT_CHARS:  # (as a text call would, off the loop)
-        tokens = await asyncio.to_thread(model.tokens, texts, body.add_special_tokens)
-    else:
-        tokens = model.tokens(texts, body.add_special_tokens)
-    return json_response(tokens)
+    answer = await run(request, Texts(texts), body.model, Tokenize(body.add_special_tokens))
+    return json_response([out[TOKENS].tolist() for out in answer.outputs])
 
 
 @post(router, "/decode", DecodeBody, "Texts of token id lists, by the model's own tokenizer", READ)
 async def decode(request: Request) -> Response:
     body: DecodeBody = await body_of(request, DecodeBody)
-    model = tokenizing_model(request, body.model)
-    rows = [body.ids] if not body.ids or isinstance(body.ids[0], int) else body.ids
-    return json_response(model.decode(rows, body.skip_special_tokens))  # type: ignore[arg-type]
+    rows: Any = [body.ids] if not body.ids or isinstance(body.ids[0], int) else body.ids
+    answer = await run(request, IdRows(rows), body.model, Decode(body.skip_special_tokens))
+    return json_response([out[TEXT].item() for out in answer.outputs])
