@@ -17,7 +17,8 @@ from bucketserve.core.calls import Answer, Call, Sequences
 from bucketserve.core.embedding import EMBEDDING, Embed, Embedding, Pooling
 from bucketserve.core.engine import Engine
 from bucketserve.core.registry import Registry
-from bucketserve.errors import InferenceFailed, InvalidInput
+from bucketserve.core.task import Task
+from bucketserve.errors import InferenceFailed, InvalidInput, TaskNotServed
 from bucketserve.metrics import Metrics
 from bucketserve.settings import Settings
 from loadtest.process import free_port
@@ -174,3 +175,23 @@ async def test_a_head_answers_in_the_worker_as_its_batch_finishes() -> None:
     assert len(runs.batches) == 1  # (one batch, two requests: the failure stayed the second's)
     assert Recorded.threads
     assert all(name.startswith("run-embedder") for name in Recorded.threads)
+
+
+def test_a_call_without_a_model_goes_to_one_that_serves_its_task() -> None:
+    """The default when it serves the task; else the one model that does; else a 400 naming
+    those that do, or saying none does. A call of a model's own outputs goes to the default."""
+    rule = Embedding("doubled", Pooling.MEAN, normalize=False, width=None, dimensions="any")
+    plain, _ = fake_model("plain")
+    one, _ = fake_model("one", embedding=rule)
+    two, _ = fake_model("two", embedding=rule)
+    single = Registry({"plain": plain, "one": one}, "plain")
+    assert single.for_task(Task.EMBED) == "one"
+    assert single.for_task(Task.PREDICT) == "plain"
+    both = Registry({"plain": plain, "one": one, "two": two}, "plain")
+    with pytest.raises(TaskNotServed, match="2 serve embed: name one of one, two") as named:
+        both.for_task(Task.EMBED)
+    assert named.value.status == 400
+    assert named.value.param == "model"
+    with pytest.raises(TaskNotServed, match="none of this server's models serves rerank"):
+        both.for_task(Task.RERANK)
+    assert Registry({"one": one, "two": two}, "two").for_task(Task.EMBED) == "two"

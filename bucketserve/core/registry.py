@@ -18,7 +18,13 @@ from enum import Enum
 
 from bucketserve.core.model import Model
 from bucketserve.core.task import Task
-from bucketserve.errors import MalformedRequest, ModelNotFound, ModelNotReady, quoted
+from bucketserve.errors import (
+    MalformedRequest,
+    ModelNotFound,
+    ModelNotReady,
+    TaskNotServed,
+    quoted,
+)
 
 FAILED_RETRY_AFTER_S = 60  # a model that did not load stays so until the server restarts
 MAX_NAME_CHARS = 128
@@ -131,13 +137,25 @@ class Registry:
 
     def for_task(self, task: Task) -> str | None:
         """The model a call without one goes to: the default, when it serves `task`, else the
-        one model that does (else the default, which refuses naming its tasks)."""
+        one model that does; else TaskNotServed (400) naming the models that do, or saying
+        none does. (A call of the model's own outputs goes to the default, if there is one.)"""
         models = self.models
         default = self.default_model
         if task is Task.PREDICT or (default in models and task.value in models[default].info.tasks):
             return default
-        able = [n for n, m in models.items() if task.value in m.info.tasks]
-        return able[0] if len(able) == 1 else default
+        able = sorted(n for n, m in models.items() if task.value in m.info.tasks)
+        if len(able) == 1:
+            return able[0]
+        if able:
+            raise TaskNotServed(
+                f"no model named, and {len(able)} serve {task.value}: name one of "
+                f"{', '.join(able[:8])}",
+                param="model",
+            )
+        raise TaskNotServed(
+            f"no model named, and none of this server's models serves {task.value}",
+            param="model",
+        )
 
     def versions(self, name: str) -> Mapping[int, Model]:
         """The versions of `name` served now (none when it is not served)."""
