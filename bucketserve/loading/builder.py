@@ -68,15 +68,15 @@ def load_tokenizer(path: Path, max_length: int) -> Tokenizer:
     return tokenizer
 
 
-def special_ids(tokenizer: Tokenizer | None, pad_id: int) -> tuple[int, ...]:
-    """The vocabulary entries a sparse vector never answers: the tokenizer's special tokens
-    (those it adds as special, and those its post-processor frames a text with) and the pad."""
+def special_tokens(tokenizer: Tokenizer | None) -> dict[str, int]:
+    """The tokenizer's special tokens by their text: those it adds as special, and those its
+    post-processor frames a text with (none without a tokenizer)."""
     if tokenizer is None:
-        return (pad_id,)
-    added = [i for i, token in tokenizer.get_added_tokens_decoder().items() if token.special]
+        return {}
+    added = {t.content: i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special}
     framed = tokenizer.encode("")
-    marked = [i for i, m in zip(framed.ids, framed.special_tokens_mask, strict=True) if m]
-    return tuple(sorted({*added, *marked, pad_id}))
+    marked = zip(framed.tokens, framed.ids, framed.special_tokens_mask, strict=True)
+    return added | {token: i for token, i, mark in marked if mark}
 
 
 def build_model(
@@ -129,7 +129,7 @@ def build_model(
         else None
     )
     pad_id = int(config.inputs[config.sequence_input].pad_value)
-    sources = Sources(spec, layout, special_ids(tokenizer, pad_id), tokenizer is not None)
+    sources = Sources(spec, layout, special_tokens(tokenizer), pad_id, tokenizer is not None)
     served_tasks = task_rules(sources)
     policy = invariance.policy if batching.policy == "auto" else Policy(batching.policy)
     if served.single is not None:  # no config makes a model batch that cannot

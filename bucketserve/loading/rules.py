@@ -8,7 +8,7 @@ route.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,8 +27,15 @@ class Sources:
 
     spec: ModelSpec
     layout: Layout
-    special_ids: tuple[int, ...]  # vocabulary entries a sparse vector never answers
+    special_tokens: Mapping[str, int]  # the tokenizer's, by their text ([CLS], [MASK]...)
+    pad_id: int
     tokenizes: bool  # whether it takes text (its config names a tokenizer)
+
+    @property
+    def special_ids(self) -> tuple[int, ...]:
+        """The vocabulary entries no answer of a text's tokens holds: the special tokens and
+        the pad."""
+        return tuple(sorted({*self.special_tokens.values(), self.pad_id}))
 
 
 # (the sources, the rules built so far) -> the task's rule, or None where it is not served
