@@ -14,10 +14,10 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from bucketserve.core.bucketing import BucketKey, BucketPlan, Invariance
-from bucketserve.core.embedding import Embedding
 from bucketserve.core.layout import Input, InputRole, Layout, Tensor
 from bucketserve.core.model import Model, ModelInfo, SequenceRules
 from bucketserve.core.task import Task
+from bucketserve.core.tasks.embedding import Embedding
 
 IDS = np.dtype(np.int64)
 LAYOUT = Layout(

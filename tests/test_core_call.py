@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 from bucketserve.core.calls import Answer, Call, Sequences
-from bucketserve.core.embedding import EMBEDDING, Embed, Embedding, Pooling
 from bucketserve.core.engine import Engine
 from bucketserve.core.registry import Registry
 from bucketserve.core.task import Task
+from bucketserve.core.tasks.embedding import EMBEDDING, Embed, Embedding, Pooling
 from bucketserve.errors import InferenceFailed, InvalidInput, TaskNotServed
 from bucketserve.metrics import Metrics
 from bucketserve.settings import Settings

@@ -86,29 +86,26 @@ PLANTS = {
         "from bucketserve.process import server",
     ),
     # the tasks: the enum under everything, each task's module (its rule and its head) over the
-    # heads' protocol and the model, apart from the other tasks; their rules built in loading
+    # heads' protocol and the model (apart from the other tasks: `task_imports` below); their
+    # rules built in loading
     "task-names-over-the-model": ("bucketserve/core/task.py", "from bucketserve.core import model"),
     "heads-over-a-task": (
         "bucketserve/core/heads.py",
-        "from bucketserve.core.embedding import Embed",
-    ),
-    "task-over-a-task": (
-        "bucketserve/core/sparse.py",
-        "from bucketserve.core.classifier import Classify",
+        "from bucketserve.core.tasks.embedding import Embed",
     ),
     "model-over-a-task": (
         "bucketserve/core/model.py",
-        "from bucketserve.core.classifier import Classifier",
+        "from bucketserve.core.tasks.classifier import Classify",
     ),
     "task-over-the-scheduler": (
-        "bucketserve/core/classifier.py",
+        "bucketserve/core/tasks/classifier.py",
         "from bucketserve.core.scheduler import Scheduler",
     ),
     "rules-over-the-builder": (
         "bucketserve/loading/rules.py",
         "from bucketserve.loading.builder import build_model",
     ),
-    "a-task-runs-tokenizers": ("bucketserve/core/embedding.py", "import tokenizers"),
+    "a-task-runs-tokenizers": ("bucketserve/core/tasks/embedding.py", "import tokenizers"),
 }
 
 
@@ -126,6 +123,37 @@ def test_a_planted_violation_breaks_a_contract(tmp_path: Path, module: str, plan
     assert "BROKEN" in result.stdout
     name = module.removesuffix(".py").replace("/", ".")
     assert name in result.stdout  # the report names the module that broke it
+
+
+TASKS = PACKAGE / "core" / "tasks"
+
+
+def task_imports(source: str) -> list[str]:
+    """The modules under `core.tasks` that a module's source imports (a relative import read
+    as from inside `core.tasks`)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = ["bucketserve", "core", "tasks"][: 4 - node.level]
+                base = ".".join(parent + ([node.module] if node.module else []))
+            found += [base, *(f"{base}.{a.name}" for a in node.names)]
+    return sorted({n for n in found if n.startswith("bucketserve.core.tasks.")})
+
+
+def test_each_task_module_imports_no_other_task() -> None:
+    """A task is one module: none leans on another (what two share sits below them, as the
+    labels' rule does), so a task is added, changed or removed alone."""
+    for path in sorted(TASKS.glob("*.py")):
+        if path.name == "__init__.py":
+            continue
+        assert task_imports(path.read_text()) == [], path.name
+    planted = "from bucketserve.core.tasks.classifier import Classify\n"
+    assert task_imports(planted) != []  # (the check sees a task reaching another)
+    assert task_imports("from .classifier import Classify\n") != []
 
 
 def modules() -> list[tuple[str, Path]]:

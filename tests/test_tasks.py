@@ -21,7 +21,7 @@ import onnx
 import pytest
 import torch
 
-from bucketserve.core.sparse import SparsePooling, SparseRule
+from bucketserve.core.tasks.sparse import SparsePooling, SparseRule
 from bucketserve.loading import load_engine
 from bucketserve.loading.check import difference
 from bucketserve.loading.importer import import_model

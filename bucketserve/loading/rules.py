@@ -12,11 +12,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from bucketserve.core.embedding import Embedding, Pooling
 from bucketserve.core.labels import Activation, Classifier
 from bucketserve.core.layout import SAME_STEPS, Layout
-from bucketserve.core.sparse import MultiVector, SparsePooling, SparseRule
 from bucketserve.core.task import Task
+from bucketserve.core.tasks.embedding import Embedding, Pooling
+from bucketserve.core.tasks.sparse import MultiVector, SparsePooling, SparseRule
 from bucketserve.errors import ConfigError
 from bucketserve.loading.repository import ModelSpec
 

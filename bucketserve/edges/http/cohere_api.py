@@ -16,8 +16,8 @@ from fastapi import APIRouter, Request, Response
 from pydantic import Field, StrictStr
 
 from bucketserve.core.calls import Texts
-from bucketserve.core.embedding import EMBEDDING, Embed
 from bucketserve.core.model import Truncation
+from bucketserve.core.tasks.embedding import EMBEDDING, Embed
 from bucketserve.edges.http.common import (
     json_response,
     request_id,

@@ -21,10 +21,10 @@ from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError
 
 from bucketserve.core.calls import Inputs, Sequences, Texts
-from bucketserve.core.embedding import EMBEDDING, Embed
 from bucketserve.core.heads import not_served
 from bucketserve.core.model import Model, Truncation
 from bucketserve.core.task import Task
+from bucketserve.core.tasks.embedding import EMBEDDING, Embed
 from bucketserve.edges.http.common import (
     JSON,
     PRIORITY_PARAMETER,

@@ -29,11 +29,11 @@ from fastapi import APIRouter, Request, Response
 from pydantic import Field, StrictBool, StrictStr
 
 from bucketserve.core.calls import Inputs, TextPairs, Texts
-from bucketserve.core.classifier import RELEVANCE, SCORES, Classify, Rerank, classifier_rule
-from bucketserve.core.entities import ENTITIES, TagTokens
 from bucketserve.core.model import Truncation
-from bucketserve.core.sparse import INDICES, VALUES, VECTORS, EmbedAll, Sparse
-from bucketserve.core.tokenize import TEXT, TOKENS, Decode, IdRows, Tokenize
+from bucketserve.core.tasks.classifier import RELEVANCE, SCORES, Classify, Rerank, classifier_rule
+from bucketserve.core.tasks.entities import ENTITIES, TagTokens
+from bucketserve.core.tasks.sparse import INDICES, VALUES, VECTORS, EmbedAll, Sparse
+from bucketserve.core.tasks.tokenize import TEXT, TOKENS, Decode, IdRows, Tokenize
 from bucketserve.edges.http.common import (
     json_response,
     request_id,
