@@ -269,6 +269,10 @@ class Engine:
             read = functools.partial(_read, call.inputs, model, reads_text)
             sequences, tokens = await asyncio.to_thread(read) if call.inputs.heavy else read()
             self.within_token_budget(sequences)
+            admissible = getattr(head, "admissible", None)  # (what a task needs of a sequence)
+            if admissible is not None:
+                for i, sequence in enumerate(sequences):
+                    admissible(model, sequence, i)
         if tokens is None:
             finishes = [functools.partial(head.answer, model)] * len(sequences)
         else:

@@ -37,7 +37,9 @@ class Head(Protocol):
 
     def answer(self, model: Model, outputs: Outputs, sequence: np.ndarray) -> Outputs:
         """One sequence's answer from its outputs (those `outputs` named) and its steps (the
-        token ids a sparse vector is indexed by)."""
+        token ids a sparse vector is indexed by). A head may also have `admissible(model,
+        sequence, index)`, which refuses (InvalidInput) a sequence its task cannot answer,
+        before anything is admitted."""
 
 
 class TextHead(Head, Protocol):
