@@ -587,7 +587,7 @@ async def test_the_config_route_and_models_list_say_the_tasks(
         "embedder": ["predict", "embed", "embed_all", "tokenize"],
         "reranker": ["predict", "classify", "rerank", "tokenize"],
         "sentiment": ["predict", "classify", "tokenize"],
-        "splade": ["predict", "embed_sparse", "tokenize"],
+        "splade": ["predict", "embed_sparse", "tokenize", "fill_mask"],
         "tagger": ["predict", "classify_tokens", "tokenize"],
     }
     for name, served in tasks.items():
@@ -763,3 +763,36 @@ async def test_a_drain_refuses_tokenize_and_decode_as_it_refuses_embeddings(
         assert int(answer.headers["retry-after"]) >= 1
         assert "draining" in answer.text
     assert "1 requests admitted since start, 1 answered" in caplog.text
+
+
+async def test_fill_mask_as_transformers_pipeline_gives_it(
+    client: httpx.AsyncClient, repository: Repository
+) -> None:
+    """A masked LM (the SPLADE export) fills each [MASK] as transformers' fill-mask pipeline
+    does for that text alone: the same tokens, scores, strings and filled texts; a text with
+    two masks gets a list a mask; a text with none is refused naming it."""
+    from transformers import PreTrainedTokenizerFast, pipeline
+
+    own = tokenizer()
+    own.no_padding()
+    fast = PreTrainedTokenizerFast(tokenizer_object=own, pad_token="[PAD]", mask_token="[MASK]")
+    fill = pipeline("fill-mask", model=repository.splade, tokenizer=fast)
+    texts = ["the cat [MASK] a book", "a [MASK] river runs by the old [MASK]"]
+    answer = await client.post("/fill_mask", json={"model": "splade", "inputs": texts, "top_k": 3})
+    alone = await client.post("/fill_mask", json={"inputs": texts[0]})
+    refused = await client.post("/fill_mask", json={"inputs": ["no mask here"]})
+    assert answer.status_code == 200, answer.text
+    for text, got in zip(texts, answer.json(), strict=True):
+        want = fill(text, top_k=3)
+        want = want if isinstance(want[0], list) else [want]
+        got = got if isinstance(got[0], list) else [got]
+        for guesses, expected in zip(got, want, strict=True):
+            assert [g["token"] for g in guesses] == [e["token"] for e in expected]
+            assert [g["token_str"] for g in guesses] == [e["token_str"] for e in expected]
+            assert [g["sequence"] for g in guesses] == [e["sequence"] for e in expected]
+            for g, e in zip(guesses, expected, strict=True):
+                assert g["score"] == pytest.approx(e["score"], abs=TOLERANCE)
+    assert len(alone.json()) == 5  # (no model named: the one model that fills masks; 5 best)
+    assert [g["token"] for g in alone.json()[:3]] == [g["token"] for g in answer.json()[0]]
+    assert refused.status_code == 422
+    assert "text 0: no mask token to fill" in refused.json()["error"]["message"]

@@ -19,3 +19,4 @@ class Task(StrEnum):
     CLASSIFY_TOKENS = "classify_tokens"  # a score per label of each token: [token_classifier]
     RERANK = "rerank"  # a (query, document) pair's relevance: [classifier]'s rerank_label
     TOKENIZE = "tokenize"  # the model's tokenizer, run alone: [tokenizer]
+    FILL_MASK = "fill_mask"  # a masked LM's guesses for each mask: [sparse] splade

@@ -16,6 +16,7 @@ from bucketserve.core.labels import Activation, Classifier
 from bucketserve.core.layout import SAME_STEPS, Layout
 from bucketserve.core.task import Task
 from bucketserve.core.tasks.embedding import Embedding, Pooling
+from bucketserve.core.tasks.fill_mask import MaskedLM
 from bucketserve.core.tasks.sparse import MultiVector, SparsePooling, SparseRule
 from bucketserve.errors import ConfigError
 from bucketserve.loading.repository import ModelSpec
@@ -38,6 +39,7 @@ class Sources:
         return tuple(sorted({*self.special_tokens.values(), self.pad_id}))
 
 
+MASKS = ("[MASK]", "<mask>")  # the mask token of BERT's and of RoBERTa's tokenizers
 # (the sources, the rules built so far) -> the task's rule, or None where it is not served
 Rule = Callable[[Sources, dict[Task, Any]], Any]
 
@@ -197,6 +199,15 @@ def token_classifier_of(spec: ModelSpec, layout: Layout) -> Classifier | None:
     return Classifier(config.output, labels, Activation(config.activation))
 
 
+def masked_lm_of(sources: Sources, sparse: SparseRule | None) -> MaskedLM | None:
+    """A model served for SPLADE weights gives logits over the vocabulary at every token: a
+    masked LM, which fills masks where its tokenizer has a mask token."""
+    if sparse is None or sparse.pooling is not SparsePooling.SPLADE:
+        return None
+    mask = next((sources.special_tokens[m] for m in MASKS if m in sources.special_tokens), None)
+    return None if mask is None else MaskedLM(sparse.output, mask)
+
+
 def reranker_of(classifier: Classifier | None) -> Classifier | None:
     """A classifier that names a rerank label also reranks."""
     return classifier if classifier is not None and classifier.rerank_label is not None else None
@@ -210,4 +221,5 @@ RULES: dict[Task, Rule] = {
     Task.CLASSIFY_TOKENS: lambda s, _: token_classifier_of(s.spec, s.layout),
     Task.RERANK: lambda s, built: reranker_of(built.get(Task.CLASSIFY)),
     Task.TOKENIZE: lambda s, _: True if s.tokenizes else None,
+    Task.FILL_MASK: lambda s, built: masked_lm_of(s, built.get(Task.EMBED_SPARSE)),
 }

@@ -32,6 +32,7 @@ from bucketserve.core.calls import Inputs, TextPairs, Texts
 from bucketserve.core.model import Truncation
 from bucketserve.core.tasks.classifier import RELEVANCE, SCORES, Classify, Rerank, classifier_rule
 from bucketserve.core.tasks.entities import ENTITIES, TagTokens
+from bucketserve.core.tasks.fill_mask import GUESSES, FillMask
 from bucketserve.core.tasks.sparse import INDICES, VALUES, VECTORS, EmbedAll, Sparse
 from bucketserve.core.tasks.tokenize import TEXT, TOKENS, Decode, IdRows, Tokenize
 from bucketserve.edges.http.common import (
@@ -158,6 +159,10 @@ class TokensBody(TextsBody):
 
 class SparseBody(TextsBody):
     top_k: Positive | None = Field(None, description="the largest this many weights of each")
+
+
+class FillMaskBody(TextsBody):
+    top_k: Positive = Field(5, description="the likeliest this many tokens for each mask")
 
 
 class TokenizeBody(Strict):
@@ -339,6 +344,20 @@ async def embed_all(request: Request) -> Response:
     body: TextsBody = await body_of(request, TextsBody)
     answer = await run(request, body.inputs_of_texts, body.model, EmbedAll())
     return json_response([out[VECTORS] for out in answer.outputs])
+
+
+@post(
+    router,
+    "/fill_mask",
+    FillMaskBody,
+    "Each mask token's likeliest tokens, as Hugging Face's fill-mask pipeline gives them",
+)
+async def fill_mask(request: Request) -> Response:
+    body: FillMaskBody = await body_of(request, FillMaskBody)
+    answer = await run(request, body.inputs_of_texts, body.model, FillMask(body.top_k))
+    per_text = [out[GUESSES].tolist() for out in answer.outputs]  # (a text's masks' guesses)
+    found = [masks[0] if len(masks) == 1 else masks for masks in per_text]
+    return json_response(found[0] if isinstance(body.inputs, str) else found)
 
 
 @post(
