@@ -27,7 +27,7 @@ import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import numpy as np
@@ -43,14 +43,12 @@ from bucketserve.core.result_cache import ResultCache, exact_inputs, refused_bec
 from bucketserve.core.scheduler import Scheduler
 from bucketserve.core.shares import Shares
 from bucketserve.core.task import Task
-from bucketserve.errors import DeadlineExceeded, InvalidInput
+from bucketserve.errors import InvalidInput
 from bucketserve.metrics import Metrics
 from bucketserve.settings import Settings
 from bucketserve.tracing import Tracing
 
 log = logging.getLogger(__name__)
-
-RETIRE_POLL_S = 0.01  # how often a retired model looks whether its last request has left
 
 
 class Engine:
@@ -86,13 +84,10 @@ class Engine:
         return self.lifecycle.draining
 
     @property
-    def started(self) -> bool:
-        return self._metrics is not None
-
-    @property
     def ready(self) -> bool:
-        """Whether it takes traffic: every model that loaded is running, and no drain began."""
-        return self.started and not self.draining
+        """Whether it takes traffic: every model that loaded is running, and no drain began
+        (the lifecycle is serving)."""
+        return self.lifecycle.serving
 
     @property
     def schedulers(self) -> dict[str, Scheduler]:
@@ -113,6 +108,7 @@ class Engine:
             self.run(model)
         for name in self.registry.failed:
             metrics.model_failed(name)
+        self.lifecycle.serve()
 
     def run(self, model: Model) -> None:
         """`model`'s scheduler, created and running (at start, and for each model control
@@ -149,8 +145,7 @@ class Engine:
         """Once no request that resolved to `model` is left (the registry no longer serves
         it): its scheduler stopped, its metrics' series removed, nothing of it held here."""
         served = self._served[model]
-        while served.users:
-            await asyncio.sleep(RETIRE_POLL_S)
+        await served.idle.wait()
         await served.scheduler.settled()
         served.task.cancel()
         await asyncio.gather(served.task, return_exceptions=True)
@@ -313,10 +308,7 @@ class Engine:
             return await scheduler.infer(
                 sequences, deadline, call.request_id, level, call.tenant, finishes=finishes
             )
-        if deadline <= time.monotonic():  # (as the scheduler refuses it: kept or not)
-            if self._metrics is not None:
-                self._metrics.reject("deadline", level, call.tenant)
-            raise DeadlineExceeded("the deadline passed before the request was queued")
+        scheduler.refuse_past(deadline, level, call.tenant)  # (whether it is kept or not)
         asked = answer_key(head)
         keys = [exact_inputs(s) + asked for s in sequences]
         found = [cache.get(key) for key in keys]
@@ -364,22 +356,29 @@ def _read(
 @dataclass(eq=False)
 class Running:
     """A model running: its scheduler and that scheduler's task, its result cache, and how
-    many requests that resolved to the model are still in the engine (a model retires only
-    once none is)."""
+    many requests that resolved to the model are still in the engine (`idle` once none is: a
+    model retires only then)."""
 
     scheduler: Scheduler
     task: asyncio.Task[None]
     cache: ResultCache | None = None  # its answers kept, where they cannot depend on batching
     users: int = 0
     answered_here: int = 0  # requests its scheduler never saw: all from the cache, or no run
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def __post_init__(self) -> None:
+        self.idle.set()
 
     @contextlib.contextmanager
     def using(self) -> Iterator[None]:
         self.users += 1
+        self.idle.clear()
         try:
             yield
         finally:
             self.users -= 1
+            if not self.users:
+                self.idle.set()
 
 
 def wanted_outputs(model: Model, names: Sequence[str] | None) -> list[str]:

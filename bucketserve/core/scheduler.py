@@ -165,6 +165,15 @@ class Scheduler:
                 f"model {self.model.name}: queue full ({self.capacity} sequences); retry later"
             )
 
+    def refuse_past(self, deadline: float, level: int = 1, tenant: str = "") -> float:
+        """Refuse (504) a request whose deadline has passed, answered or not yet; the time
+        now, otherwise. The one deadline check at admission, the cache's answers' too."""
+        now = self._clock()
+        if deadline <= now:
+            self._observer.reject("deadline", level, tenant)
+            raise DeadlineExceeded("the deadline passed before the request was queued")
+        return now
+
     def admit(
         self,
         sequences: Sequence[np.ndarray],
@@ -181,10 +190,7 @@ class Scheduler:
         share a run; `finishes`: each one's answer from its outputs, made in the worker."""
         name = self.model.name
         self.refuse_now(len(sequences), level, tenant)
-        now = self._clock()
-        if deadline <= now:
-            self._observer.reject("deadline", level, tenant)
-            raise DeadlineExceeded("the deadline passed before the request was queued")
+        now = self.refuse_past(deadline, level, tenant)
         self._observer.admitted(name, [len(s) for s in sequences])
         loop = asyncio.get_running_loop()
         futures: list[asyncio.Future[Outputs]] = []

@@ -75,7 +75,7 @@ class HttpListener:
 
     def __init__(self, wired: Wired) -> None:
         settings = wired.settings
-        app = create_app(wired.engine, wired.control, wired.metrics, wired.keys)
+        app = create_app(wired.engine, wired.control, wired.metrics, wired.keys, wired.limits)
         self.config = uvicorn.Config(
             app,
             host=settings.host,
@@ -174,7 +174,7 @@ def grpc_listener(wired: Wired) -> Listener:
         from bucketserve.edges.grpc import GrpcListener
     except ImportError as exc:
         raise ConfigError(f"--grpc-port needs the grpc extra ({exc})") from None
-    return GrpcListener(wired.engine, wired.control, wired.metrics, wired.keys)
+    return GrpcListener(wired.engine, wired.control, wired.metrics, wired.keys, wired.limits)
 
 
 async def serve(wired: Wired, ports: Sequence[Listener]) -> None:

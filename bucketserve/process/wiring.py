@@ -16,6 +16,7 @@ from bucketserve.control import Control
 from bucketserve.core.engine import Engine
 from bucketserve.core.shares import Shares
 from bucketserve.edges.auth import ApiKeys
+from bucketserve.edges.limits import Limits
 from bucketserve.loading import open_repository
 from bucketserve.metrics import Metrics
 from bucketserve.settings import Settings
@@ -29,6 +30,7 @@ class Wired:
     control: Control
     metrics: Metrics
     keys: ApiKeys
+    limits: Limits  # what one request may hold, for every protocol
 
 
 def wire(settings: Settings) -> Wired:
@@ -48,7 +50,8 @@ def wire(settings: Settings) -> Wired:
         poll=settings.model_control == "poll",
         interval_s=settings.poll_interval_s,
     )
-    return Wired(settings, engine, control, Metrics(keys.tenants | set(weights)), keys)
+    metrics = Metrics(keys.tenants | set(weights))
+    return Wired(settings, engine, control, metrics, keys, Limits.of(settings))
 
 
 @contextlib.asynccontextmanager

@@ -17,6 +17,7 @@ from bucketserve.control import Control
 from bucketserve.core.engine import Engine
 from bucketserve.edges.auth import ApiKeys
 from bucketserve.edges.grpc.service import InferenceService
+from bucketserve.edges.limits import Limits
 from bucketserve.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -25,11 +26,19 @@ log = logging.getLogger(__name__)
 class GrpcListener:
     """gRPC's port, serving `InferenceService` on the parts the process made."""
 
-    def __init__(self, engine: Engine, control: Control, metrics: Metrics, keys: ApiKeys) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        control: Control,
+        metrics: Metrics,
+        keys: ApiKeys,
+        limits: Limits | None = None,
+    ) -> None:
+        """`limits`: what a request may hold (the process's; default: the engine's settings')."""
         settings = engine.settings
         self.service = InferenceService(engine, metrics, keys, control)
         self.address = f"{settings.host}:{settings.grpc_port}"
-        self.max_message_bytes = settings.max_body_bytes
+        self.max_message_bytes = (limits or Limits.of(settings)).max_body_bytes
         self._server: grpc.aio.Server | None = None
 
     async def start(self) -> None:

@@ -31,6 +31,7 @@ from bucketserve.edges.http.common import (
 )
 from bucketserve.edges.http.context import RequestContext
 from bucketserve.edges.http.guard import RequireKey
+from bucketserve.edges.limits import Limits
 from bucketserve.errors import BucketserveError, InvalidInput
 from bucketserve.metrics import Metrics
 
@@ -49,12 +50,15 @@ def create_app(
     control: Control | None = None,
     metrics: Metrics | None = None,
     keys: ApiKeys | None = None,
+    limits: Limits | None = None,
 ) -> FastAPI:
     """The app over `engine`; `control`: model control (default: off); `metrics`: where
     requests are counted (the process's, shared with gRPC); `keys`: the API keys required
-    (default: none)."""
+    (default: none); `limits`: what a request may hold (the process's; default: from the
+    engine's settings)."""
     metrics = metrics or Metrics()
     keys = keys or ApiKeys(())
+    limits = limits or Limits.of(engine.settings)
     settings = engine.settings
     app = FastAPI(
         title=NAME,
@@ -67,6 +71,7 @@ def create_app(
     app.state.control = control or Control(engine, None)
     app.state.metrics = metrics
     app.state.keys = keys
+    app.state.limits = limits
     app.include_router(predict.router)
     app.include_router(kserve_routes.router)
     app.include_router(openai_api.router)
@@ -75,7 +80,7 @@ def create_app(
     registry = engine.registry
     versions = [str(model.info.version) for model in registry.models.values()]
     names = [*registry.models, *registry.failed]
-    contract.describe_server(app, names, versions, settings.max_sequences)
+    contract.describe_server(app, names, versions, limits.max_sequences)
     if settings.docs:
         contract.serve_docs(app, keys.required)
 

@@ -21,6 +21,7 @@ from bucketserve.core.calls import OFF_LOOP_BYTES, Call, Inputs
 from bucketserve.core.engine import Engine
 from bucketserve.edges.auth import ApiKeys
 from bucketserve.edges.kserve import level_of
+from bucketserve.edges.limits import Budget, Limits
 from bucketserve.errors import (
     BucketserveError,
     MalformedRequest,
@@ -75,6 +76,11 @@ class ClientGone(Exception):
 def engine_of(request: Request) -> Engine:
     engine: Engine = request.app.state.engine
     return engine
+
+
+def limits_of(request: Request) -> Limits:
+    limits: Limits = request.app.state.limits
+    return limits
 
 
 def control_of(request: Request) -> Control:
@@ -207,6 +213,19 @@ def _collector_paused() -> Iterator[None]:
             _paused -= 1
             if not _paused:
                 gc.enable()
+
+
+async def read_json(
+    request: Request,
+    budget: Budget,
+    parse: Callable[..., T] = parse_json,
+) -> T:
+    """The one way a route reads a JSON body: its bytes within the budget's (413 past them),
+    then `parse(raw, steps, values)` within its steps and values (off the loop if large).
+    Its size stays in `request.state.body_bytes` (what decoding its inputs will cost)."""
+    raw = await read_body(request, budget.bytes)
+    request.state.body_bytes = len(raw)
+    return await off_loop(parse, raw, budget.steps, budget.values)
 
 
 def json_response(

@@ -24,6 +24,7 @@ from bucketserve.edges.http.common import (
     control_of,
     engine_of,
     json_response,
+    limits_of,
     media_type,
     off_loop,
     parse_json,
@@ -54,6 +55,7 @@ from bucketserve.edges.kserve import (
     repository_parameters,
     triton_config,
 )
+from bucketserve.edges.limits import Limits
 from bucketserve.errors import BucketserveError, MalformedRequest, ModelNotFound
 
 router = APIRouter(prefix="/v2", tags=["KServe v2"])
@@ -230,14 +232,14 @@ async def repository_unload(request: Request, name: str) -> Response:
     return json_response({})
 
 
-def _most_values(engine: Engine, name: str, version: str | None) -> int | None:
+def _most_values(engine: Engine, limits: Limits, name: str, version: str | None) -> int | None:
     """The most numbers a request for the model may carry (`kserve.most_values`); None when
     the model is not served (the infer call says why, after the body is read)."""
     try:
         model = engine.model(name, version)
     except BucketserveError:
         return None
-    return kserve.most_values(model, engine.settings.max_sequences)
+    return kserve.most_values(model, limits.max_sequences)
 
 
 async def _parameters(request: Request, allowed: tuple[str, ...]) -> None:
@@ -277,13 +279,14 @@ INFER_CONTRACT = {
     openapi_extra=INFER_CONTRACT,
 )
 async def infer(request: Request, name: str, version: str | None) -> Response:
-    engine = engine_of(request)
-    body = await read_body(request, engine.settings.max_body_bytes, (JSON, BINARY))
+    engine, limits = engine_of(request), limits_of(request)
+    budget = limits.tensors(_most_values(engine, limits, name, version))
+    body = await read_body(request, budget.bytes, (JSON, BINARY))
     binary = media_type(request) != JSON  # (a JSON body is JSON whole, whatever a header says)
     json_length = header_length(request.headers.get(HEADER_LENGTH), len(body)) if binary else None
-    steps = engine.settings.max_request_tokens
-    values = _most_values(engine, name, version)
-    decoded = await off_loop(decode_request, body, json_length, name, version, steps, values)
+    decoded = await off_loop(
+        decode_request, body, json_length, name, version, budget.steps, budget.values
+    )
     work = kserve.infer(
         engine,
         decoded.request,

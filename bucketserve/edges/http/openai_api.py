@@ -32,9 +32,9 @@ from bucketserve.edges.http.common import (
     call_of,
     engine_of,
     json_response,
-    off_loop,
+    limits_of,
     parse_json,
-    read_body,
+    read_json,
     unless_client_leaves,
 )
 from bucketserve.edges.http.schemas import WHY, Integer, Positive, inlined, is_integer
@@ -159,10 +159,11 @@ def _ids(value: Any) -> bool:
     return isinstance(value, list) and bool(value) and all(map(is_integer, value))
 
 
-def parse_embeddings(raw: bytes, steps: int = 0, texts: int = 0) -> EmbeddingsBody:
-    """The body, every mistake of its form a 400 naming the field (`param`). Its values are
-    token ids (at most `steps`) or texts (at most `texts`), and a few fields."""
-    body = parse_json(raw, steps, values=steps + texts)
+def parse_embeddings(raw: bytes, steps: int = 0, values: int | None = None) -> EmbeddingsBody:
+    """The body, every mistake of its form a 400 naming the field (`param`). `steps`,
+    `values`: what `parse_json` bounds the JSON by (its values are token ids or texts, and a
+    few fields)."""
+    body = parse_json(raw, steps, values)
     if isinstance(body, dict) and "input" in body:
         check_input(body["input"])
     try:
@@ -222,10 +223,8 @@ def encoded(vector: np.ndarray, encoding: str) -> str | np.ndarray:
 )
 async def embeddings(request: Request) -> Response:
     engine = engine_of(request)
-    raw = await read_body(request, engine.settings.max_body_bytes)
-    limits = engine.settings
-    body = await off_loop(parse_embeddings, raw, limits.max_request_tokens, limits.max_sequences)
-    inputs = inputs_of(body, len(raw), engine.settings.openai_token_ids)
+    body: EmbeddingsBody = await read_json(request, limits_of(request).json(), parse_embeddings)
+    inputs = inputs_of(body, request.state.body_bytes, engine.settings.openai_token_ids)
     call = call_of(request, inputs, body.model, head=Embed(body.dimensions))
     with blamed("input"):  # (unless the error names its own field: model, dimensions)
         answer = await unless_client_leaves(request, engine.infer(call))

@@ -18,9 +18,9 @@ from bucketserve.edges.http.common import (
     call_of,
     engine_of,
     json_response,
-    off_loop,
+    limits_of,
     parse_json,
-    read_body,
+    read_json,
     unless_client_leaves,
 )
 from bucketserve.edges.http.schemas import errors, inlined
@@ -143,14 +143,10 @@ def parse_predict(raw: bytes, steps: int, values: int | None = None) -> Predict:
 )
 async def predict(request: Request) -> Response:
     engine = engine_of(request)
-    raw = await read_body(request, engine.settings.max_body_bytes)
-    limits = engine.settings
-    steps = limits.max_request_tokens
-    # the most numbers a request may carry: every step at the widest model's step, or texts
+    # (a step of the widest model's is that many numbers: the most a request may carry)
     widest = max((math.prod(m.info.rules.step_shape) for m in engine.registry.models.values()),
                  default=1)  # fmt: skip
-    values = steps * widest + limits.max_sequences
-    body = await off_loop(parse_predict, raw, steps, values)
+    body: Predict = await read_json(request, limits_of(request).json(widest), parse_predict)
     call = call_of(request, body.inputs, body.model, outputs=body.outputs, priority=body.priority)
     answer = await unless_client_leaves(request, engine.infer(call))
     return json_response({"model": answer.model.name, "outputs": answer.outputs})

@@ -18,9 +18,8 @@ from bucketserve.edges.http.common import (
     TIMEOUT_PARAMETER,
     call_of,
     engine_of,
-    off_loop,
-    parse_json,
-    read_body,
+    limits_of,
+    read_json,
     unless_client_leaves,
 )
 from bucketserve.edges.http.schemas import Strict, errors, inlined, validate
@@ -51,9 +50,5 @@ async def run(
 
 
 async def body_of(request: Request, schema: type[Strict]) -> Any:
-    engine = engine_of(request)
-    raw = await read_body(request, engine.settings.max_body_bytes)
-    limits = engine.settings  # (texts, pairs' two, or token ids to decode, and a few fields)
-    values = limits.max_request_tokens + 2 * limits.max_sequences + 64
-    parsed = await off_loop(parse_json, raw, 0, values)
-    return validate(schema, parsed, "body")
+    """The body, read within the request's limits (`common.read_json`) and validated."""
+    return validate(schema, await read_json(request, limits_of(request).json()), "body")
