@@ -2,15 +2,17 @@
 uses; `start`, `drain` and `stop` run the models the registry serves, each version with its
 scheduler. Imports the registry, the call, the scheduler and the lifecycle below it.
 
-A call is decided here, in this order: which model and version (the registry resolves it); its
-deadline (from then); its priority level; its head: the task that answers from the outputs, or
-the outputs asked for by name (`heads.Picked`); how many sequences (too many, or more than the
-queue can take now, is refused before anything is decoded); the sequences, validated
-(tokenised, for texts); the request's token budget; then the model's scheduler admits them (at
-the call's level, charged to its tenant) and the head answers each from its outputs in the
-worker thread, as its batch finishes. A model whose check proved its answers independent of
-batching and padding has an exact result cache (`result_cache`) of answers by sequence and
-head: a sequence answered before is answered from it, and only the others are admitted.
+A call is decided here, in this order: which model and version (the registry resolves it, by
+the head's task where the call names none); its deadline (from then); its priority level; its
+head: the task that answers from the outputs, or the outputs asked for by name
+(`heads.Picked`); how many sequences (too many, or more than the queue can take now, is
+refused before anything is decoded); the sequences, validated (tokenised, for texts); the
+request's token budget; what the task needs of each sequence; then the model's scheduler
+answers them (at the call's level, charged to its tenant): from the answers it keeps, by each
+sequence's identity (its exact inputs and the answer asked), where the model's answers cannot
+depend on batching; else by a run, the head answering each from its outputs in the worker
+thread as its batch finishes. A head that runs no model (the tokenizer alone) is answered
+here once admitted.
 
 The engine's one lifecycle state is shared by every scheduler it runs, those started after a
 drain began included: a model that model control loads during a drain admits nothing. A model
@@ -26,20 +28,19 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, cast
 
 import numpy as np
 
 from bucketserve.core.calls import Answer, Call, Inputs, Texts
-from bucketserve.core.heads import DirectHead, Head, Picked, TextHead, answer_key
+from bucketserve.core.heads import DirectHead, Picked, TextHead, answer_key
 from bucketserve.core.layout import Outputs
 from bucketserve.core.lifecycle import Lifecycle
 from bucketserve.core.model import Model
-from bucketserve.core.queues import Finish
 from bucketserve.core.registry import Registry
-from bucketserve.core.result_cache import ResultCache, exact_inputs, refused_because
+from bucketserve.core.result_cache import Reuse, exact_inputs, refused_because
 from bucketserve.core.scheduler import Scheduler
 from bucketserve.core.shares import Shares
 from bucketserve.core.task import Task
@@ -116,7 +117,7 @@ class Engine:
         metrics = self._metrics
         assert metrics is not None, "run a model while not serving"
         info = model.info
-        cache = None if self.cache_refused(model) else ResultCache(self.cache_bound_bytes)
+        reuse = None if self.cache_refused(model) else Reuse(self.cache_bound_bytes)
         scheduler = Scheduler(
             model,
             metrics,
@@ -131,12 +132,13 @@ class Engine:
             lifecycle=self.lifecycle,
             shares=self._shares(),
             max_overtakes=self.settings.max_overtakes,
+            reuse=reuse,
         )
         task = asyncio.create_task(scheduler.run(), name=f"scheduler-{model.name}")
-        self._served[model] = Running(scheduler, task, cache)
+        self._served[model] = Running(scheduler, task)
         metrics.watch_bound_keys(model.name, model.executor.bound_key_count)
-        if cache is not None:
-            metrics.watch_cache(model.name, info.version, lambda: cache.bytes)
+        if reuse is not None:
+            metrics.watch_cache(model.name, info.version, lambda: reuse.kept_bytes)
         metrics.model_loaded(
             model.name, info.version, model.binding, info.plan.policy.value, info.invariance
         )
@@ -145,12 +147,11 @@ class Engine:
         """Once no request that resolved to `model` is left (the registry no longer serves
         it): its scheduler stopped, its metrics' series removed, nothing of it held here."""
         served = self._served[model]
-        await served.idle.wait()
-        await served.scheduler.settled()
+        await served.scheduler.settled()  # (every request that resolved to it has left)
         served.task.cancel()
         await asyncio.gather(served.task, return_exceptions=True)
-        if served.cache is not None:  # (a version reloaded starts with none of its answers)
-            served.cache.clear()
+        if served.scheduler.reuse is not None:  # (a version reloaded starts with no answers)
+            served.scheduler.reuse.clear()
         name, version = model.name, model.info.version
         del self._served[model]
         del served, model  # (the last references here: what the model held can be freed)
@@ -186,8 +187,8 @@ class Engine:
         if first:
             log.info(
                 "drained: %d requests admitted since start, %d answered",
-                sum(s.scheduler.admitted + s.answered_here for s in running),
-                sum(s.scheduler.answered + s.answered_here for s in running),
+                sum(s.scheduler.admitted for s in running),
+                sum(s.scheduler.answered for s in running),
             )
         return True
 
@@ -240,7 +241,7 @@ class Engine:
         task = call.head.task if call.head is not None else Task.PREDICT
         model = self.registry.resolve(call.model, call.version, task)
         served = self._served[model]
-        with served.using():
+        with served.scheduler.using():
             return await self._infer(call, model, served)
 
     async def _infer(self, call: Call, model: Model, served: Running) -> Answer:
@@ -273,9 +274,12 @@ class Engine:
         else:
             text_head = cast(TextHead, head)  # (`reads_text` said so)
             finishes = [functools.partial(text_head.answer, model, tokens=t) for t in tokens]
-        cache = None if reads_text else served.cache
-        answers = await self._answers(
-            call, model, served, cache, sequences, head, finishes, level, deadline
+        # The answers' reuse is keyed by each sequence's exact inputs and the answer asked;
+        # an answer that is a text's, not only its ids', is never reused.
+        asked = answer_key(head)
+        identities = None if reads_text else [exact_inputs(s) + asked for s in sequences]
+        answers = await served.scheduler.infer(
+            sequences, deadline, call.request_id, level, call.tenant, identities, finishes
         )
         return Answer(model, answers, [len(s) for s in sequences])
 
@@ -286,54 +290,8 @@ class Engine:
         a worker thread when its inputs are heavy, and counted for the drain."""
         answer = functools.partial(head.answer_all, model, call.inputs)
         answers = await asyncio.to_thread(answer) if call.inputs.heavy else answer()
-        served.answered_here += 1
+        served.scheduler.answered_alone()
         return Answer(model, answers, _lengths(answers))
-
-    async def _answers(
-        self,
-        call: Call,
-        model: Model,
-        served: Running,
-        cache: ResultCache | None,
-        sequences: Sequence[np.ndarray],
-        head: Head,
-        finishes: Sequence[Finish],
-        level: int,
-        deadline: float,
-    ) -> list[Outputs]:
-        """Each sequence's answer by `head`: those `cache` keeps, the others run (and answered
-        by `finishes` in the worker, as their batch finishes)."""
-        scheduler = served.scheduler
-        if cache is None:
-            return await scheduler.infer(
-                sequences, deadline, call.request_id, level, call.tenant, finishes=finishes
-            )
-        scheduler.refuse_past(deadline, level, call.tenant)  # (whether it is kept or not)
-        asked = answer_key(head)
-        keys = [exact_inputs(s) + asked for s in sequences]
-        found = [cache.get(key) for key in keys]
-        missing = [i for i, out in enumerate(found) if out is None]
-        if self._metrics is not None:
-            saved = sum(len(s) for s, out in zip(sequences, found, strict=True) if out is not None)
-            self._metrics.cache_looked_up(model.name, len(keys) - len(missing), len(missing), saved)
-        if not missing:
-            served.answered_here += 1
-        else:
-            todo = [sequences[i] for i in missing]
-            identities = [keys[i] for i in missing]  # (not made again to share a run)
-            ran = await scheduler.infer(
-                todo,
-                deadline,
-                call.request_id,
-                level,
-                call.tenant,
-                identities,
-                [finishes[i] for i in missing],
-            )
-            for i, answer in zip(missing, ran, strict=True):
-                found[i] = answer
-                cache.put(keys[i], answer)
-        return [out for out in found if out is not None]
 
 
 def _lengths(answers: Sequence[Outputs]) -> list[int]:
@@ -353,32 +311,13 @@ def _read(
     return inputs.with_tokens(model)
 
 
-@dataclass(eq=False)
+@dataclass(frozen=True)
 class Running:
-    """A model running: its scheduler and that scheduler's task, its result cache, and how
-    many requests that resolved to the model are still in the engine (`idle` once none is: a
-    model retires only then)."""
+    """A model running: its scheduler (which owns its queues, its answers' reuse and the count
+    of its requests in flight) and that scheduler's task."""
 
     scheduler: Scheduler
     task: asyncio.Task[None]
-    cache: ResultCache | None = None  # its answers kept, where they cannot depend on batching
-    users: int = 0
-    answered_here: int = 0  # requests its scheduler never saw: all from the cache, or no run
-    idle: asyncio.Event = field(default_factory=asyncio.Event)
-
-    def __post_init__(self) -> None:
-        self.idle.set()
-
-    @contextlib.contextmanager
-    def using(self) -> Iterator[None]:
-        self.users += 1
-        self.idle.clear()
-        try:
-            yield
-        finally:
-            self.users -= 1
-            if not self.users:
-                self.idle.set()
 
 
 def wanted_outputs(model: Model, names: Sequence[str] | None) -> list[str]:

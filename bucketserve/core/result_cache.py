@@ -1,5 +1,7 @@
-"""The exact result cache: a model version's answers kept by the sequence's exact inputs and
-the answer asked (its head), for the engine to give again without running the model.
+"""Every sequence's reuse, keyed once (`Reuse`): a model version's answers kept by the
+sequence's exact inputs and the answer asked (its head), to give again without running the
+model (`ResultCache`), and the sequences queued or running that an identical one may join.
+The scheduler owns one for a model whose answers cannot depend on what they ran with.
 
 Only a model whose check proved its answers independent of batching and padding (policy
 `buckets`) has one: its answer to a sequence is then the same whoever it ran with, so an
@@ -11,6 +13,7 @@ the version is reloaded or unloaded.
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import Any
 
 import numpy as np
 
@@ -89,3 +92,39 @@ def _frozen(array: np.ndarray) -> np.ndarray:
         array = array.copy()
     array.flags.writeable = False
     return array
+
+
+class Reuse:
+    """A model version's reuse of answers, by identity (`exact_inputs` and the answer asked):
+    those kept, and the sequences queued or running (their leaders, which an identical one
+    joins)."""
+
+    def __init__(self, bound_bytes: int) -> None:
+        self.kept = ResultCache(bound_bytes)
+        self._leaders: dict[bytes, Any] = {}
+
+    @property
+    def kept_bytes(self) -> int:
+        """What the answers kept take, keys and overhead counted."""
+        return self.kept.bytes
+
+    def answer(self, key: bytes) -> Outputs | None:
+        return self.kept.get(key)
+
+    def keep(self, key: bytes, answer: Outputs) -> None:
+        self.kept.put(key, answer)
+
+    def leader(self, key: bytes) -> Any:
+        """The sequence queued or running under `key`, if any."""
+        return self._leaders.get(key)
+
+    def lead(self, key: bytes, leader: Any) -> None:
+        self._leaders[key] = leader
+
+    def left(self, key: bytes, leader: Any) -> None:
+        """`leader` answered or dropped: no sequence joins it any more."""
+        if self._leaders.get(key) is leader:
+            del self._leaders[key]
+
+    def clear(self) -> None:
+        self.kept.clear()

@@ -17,10 +17,13 @@ with `plan`, `batch_shape` and `run_batch`.
 
 Each sequence carries its priority level and tenant into the queues, which order by them
 (`queues`, `shares`); a tenant over its share of the queue is refused before a full queue
-refuses anyone. Where the caller gives each sequence's identity (the engine does exactly where
-a model's answers were proved independent of batching and padding, and the answer asked
-depends on the ids alone), a sequence identical to one queued or running joins it and gets
-its answer: computed once.
+refuses anyone. Where the model's answers were proved independent of batching and padding, the
+scheduler owns their reuse (`result_cache.Reuse`, keyed once by each sequence's identity: its
+exact inputs and the answer asked, given by the caller wherever the answer depends on the ids
+alone): a sequence answered before is answered from the answers kept, one identical to a
+sequence queued or running joins it, and only the others are queued. Every request that
+resolved to the model is counted in flight from then (`using`), so that `settled` (the drain,
+a retiring model) waits for it wherever it is.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
@@ -40,6 +43,7 @@ from bucketserve.core.bucketing import BucketKey, BucketPlan
 from bucketserve.core.layout import Outputs
 from bucketserve.core.lifecycle import Lifecycle
 from bucketserve.core.queues import DEFAULT_MAX_OVERTAKES, BucketQueues, Finish, Pending
+from bucketserve.core.result_cache import Reuse
 from bucketserve.core.shares import Shares
 from bucketserve.errors import DeadlineExceeded, InferenceFailed, Unavailable
 from bucketserve.logs import Throttled
@@ -81,6 +85,10 @@ class Observer(Protocol):
     def shared(self, model: str, count: int, tokens: int) -> None:
         """`count` sequences (`tokens` together) joined an identical one, not computed."""
 
+    def cache_looked_up(self, model: str, hits: int, misses: int, saved_tokens: int) -> None:
+        """A request's sequences looked up in the answers kept: `hits` found (`saved_tokens`
+        not computed), `misses` not."""
+
     def batch_done(
         self,
         model: str,
@@ -111,17 +119,19 @@ class Scheduler:
         lifecycle: Lifecycle | None = None,
         shares: Shares | None = None,
         max_overtakes: int = DEFAULT_MAX_OVERTAKES,
+        reuse: Reuse | None = None,
     ) -> None:
         """`capacity`: sequences that may wait at once. `instances`: batches that may run at
         once, each in its own worker thread, on the model's one set of weights. `tracing`:
         where each sequence's wait and each batch are traced, with `attributes` (the model's
         name and version) on every batch. `lifecycle`: the engine's, whose drain it obeys.
         `shares`: the tenants' weights; `max_overtakes`: how often a sequence may be passed
-        over for a better level."""
+        over for a better level; `reuse`: the answers' reuse, where the model's cannot depend on
+        what they ran with (None: every sequence runs)."""
         self.model = model
         self.capacity = capacity
         self.queues = BucketQueues(max_delay_s, max_overtakes, shares or Shares())
-        self._in_flight_by_input: dict[bytes, Pending] = {}  # queued or running, to join
+        self.reuse = reuse
         self.admitted = 0  # requests let in since start
         self.answered = 0  # of those, requests whose outputs were handed back
         self._observer = observer
@@ -198,8 +208,8 @@ class Scheduler:
         for i, seq in enumerate(sequences):
             future: asyncio.Future[Outputs] = loop.create_future()
             futures.append(future)
-            identity = identities[i] if identities is not None else None
-            leader = None if identity is None else self._in_flight_by_input.get(identity)
+            identity = identities[i] if identities is not None and self.reuse else None
+            leader = None if identity is None or self.reuse is None else self.reuse.leader(identity)
             if leader is not None:
                 self.queues.join(leader, future, deadline, level)
                 joined, joined_tokens = joined + 1, joined_tokens + len(seq)
@@ -208,9 +218,9 @@ class Scheduler:
                 seq, future, now, deadline, request_id, self._tracing.queued(), level, tenant
             )
             pending.finish = None if finishes is None else finishes[i]
-            if identity is not None:
+            if identity is not None and self.reuse is not None:
                 pending.identity = identity
-                self._in_flight_by_input[identity] = pending
+                self.reuse.lead(identity, pending)
             self.queues.add(self.model.plan.key_for(len(seq)), pending)
         if joined:
             self._observer.shared(name, joined, joined_tokens)
@@ -230,10 +240,67 @@ class Scheduler:
         identities: Sequence[bytes] | None = None,
         finishes: Sequence[Finish] | None = None,
     ) -> list[Outputs]:
-        """Admit the sequences and wait for their answers (`finishes`' answers from their
-        outputs, else the outputs), in order, until the deadline."""
-        futures = self.admit(sequences, deadline, request_id, level, tenant, identities, finishes)
+        """The sequences' answers (`finishes`' answers from their outputs, else the outputs),
+        in order: those kept (under `identities`), the others admitted and awaited until the
+        deadline, then kept."""
+        with self.using():
+            if identities is None or self.reuse is None:
+                return await self._run(
+                    sequences, deadline, request_id, level, tenant, None, finishes
+                )
+            self.refuse_past(deadline, level, tenant)  # (a request too late, kept or not)
+            found = [self.reuse.answer(key) for key in identities]
+            missing = [i for i, out in enumerate(found) if out is None]
+            saved = sum(len(s) for s, out in zip(sequences, found, strict=True) if out is not None)
+            self._observer.cache_looked_up(
+                self.model.name, len(found) - len(missing), len(missing), saved
+            )
+            if not missing:  # (answered whole from what was kept: admitted and answered here)
+                self.admitted, self.answered = self.admitted + 1, self.answered + 1
+                return [out for out in found if out is not None]
+            ran = await self._run(
+                [sequences[i] for i in missing],
+                deadline,
+                request_id,
+                level,
+                tenant,
+                [identities[i] for i in missing],
+                None if finishes is None else [finishes[i] for i in missing],
+            )
+            for i, answer in zip(missing, ran, strict=True):
+                found[i] = answer
+                self.reuse.keep(identities[i], answer)
+            return [out for out in found if out is not None]
+
+    def answered_alone(self) -> None:
+        """A request answered without a run (the tokenizer alone): counted as admitted and
+        answered, as the drain's tally reads them."""
+        self.admitted, self.answered = self.admitted + 1, self.answered + 1
+
+    @contextlib.contextmanager
+    def using(self) -> Iterator[None]:
+        """A request in flight for the model, from the moment it resolved to it: `settled`
+        (the drain, a retiring model) waits until it has left."""
         self._in_flight += 1
+        self._settled.clear()
+        try:
+            yield
+        finally:
+            self._in_flight -= 1
+            self._settle_if_idle()
+
+    async def _run(
+        self,
+        sequences: Sequence[np.ndarray],
+        deadline: float,
+        request_id: str,
+        level: int,
+        tenant: str,
+        identities: Sequence[bytes] | None,
+        finishes: Sequence[Finish] | None,
+    ) -> list[Outputs]:
+        """Admit the sequences and wait for their answers, in order, until the deadline."""
+        futures = self.admit(sequences, deadline, request_id, level, tenant, identities, finishes)
         try:
             # asyncio.wait, not wait_for(gather(...)): cancelling a gather under wait_for leaves
             # a CancelledError on it that nobody retrieves, logged when a client goes away.
@@ -255,9 +322,7 @@ class Scheduler:
         finally:
             for future in futures:  # a failed or abandoned request leaves nothing to compute
                 future.cancel()
-            self._in_flight -= 1
             self._arrived.set()  # the loop purges what was left queued
-            self._settle_if_idle()
 
     async def settled(self) -> None:
         """Until no request is in flight, no sequence is queued and no batch is running."""
@@ -327,8 +392,8 @@ class Scheduler:
     def _left(self, items: Sequence[Pending]) -> None:
         """`items` answered or dropped: no sequence joins them any more."""
         for item in items:
-            if item.identity is not None and self._in_flight_by_input.get(item.identity) is item:
-                del self._in_flight_by_input[item.identity]
+            if item.identity is not None and self.reuse is not None:
+                self.reuse.left(item.identity, item)
 
     def _answers(
         self, key: BucketKey, items: Sequence[Pending], lone: bool
