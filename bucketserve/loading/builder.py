@@ -39,7 +39,7 @@ from bucketserve.loading.repository import (
 )
 from bucketserve.loading.rules import Sources, task_rules
 from bucketserve.loading.served_file import default_cache_dir, served_graph
-from bucketserve.loading.speed import measure_speed
+from bucketserve.loading.speed import Speed, measure_speed
 from bucketserve.loading.traffic import traffic
 from bucketserve.runtime.binding import run_bound
 from bucketserve.runtime.executors import Executor, make_executor
@@ -92,16 +92,84 @@ def build_model(
     `lone_batch_threads`: threads of the runner for a batch that runs alone (None: none)."""
     began = time.perf_counter()
     wanted = binding or (spec.config.binding if spec.config.mode == "bucketing" else "mutable")
-    cache = cache_dir or default_cache_dir()
+    checked, found = _served_copy(spec, wanted, cache_dir or default_cache_dir())
+    spec, config, served = checked.spec, checked.spec.config, checked.served
+    tokenizer = (
+        load_tokenizer(spec.tokenizer_path, config.tokenizer.max_length)
+        if spec.tokenizer_path is not None and config.tokenizer is not None
+        else None
+    )
+    pad_id = int(config.inputs[config.sequence_input].pad_value)
+    sources = Sources(spec, served.layout, special_tokens(tokenizer), pad_id, tokenizer is not None)
+    served_tasks = task_rules(sources)
+    plan, speed = _planned(checked)
+    executor, lone = _runners(checked, wanted, plan, lone_batch_threads)
+    described = served_config(  # (the providers in use: the load session's are the same)
+        spec,
+        served.layout,
+        served.rules,
+        executor.binding,
+        checked.session.get_providers(),
+        checked.invariance,
+        plan,
+        checked.failures,
+        served.single,
+    )
+    if lone is not None:
+        described["lone_batch_threads"] = lone_batch_threads
+    if speed is not None:
+        found["speed"] = speed.described()
+    described["check"] |= found
+    batching = config.batching
+    info = ModelInfo(
+        name=spec.name,
+        version=spec.version,
+        layout=served.layout,
+        plan=plan,
+        rules=served.rules,
+        max_queue_delay_s=batching.max_queue_delay_ms / 1000,
+        queue_capacity=batching.queue_capacity,
+        invariance=checked.invariance,
+        text_chars=config.tokenizer.chars if config.tokenizer is not None else None,
+        served_config=described,
+        task_rules=served_tasks,
+        prompts=dict(config.prompts or {}),
+    )
+    described["tasks"] = info.tasks  # (the same mapping the config route serves)
+    model = Model(info, executor, tokenizer, lone)
+    every = batching.prepare == "all" and plan.policy is Policy.BUCKETS
+    for key in [plan.default_key, *(plan.all_keys() if every else [])]:
+        model.prepare(key)
+    loaded_s = time.perf_counter() - began
+    described["load_seconds"] = {"total": round(loaded_s, 3), "check": round(checked.seconds, 3)}
+    log.info(
+        "model %s v%d: %s, keys %s bound, providers %s; loaded in %.2f s (the check %.2f s)",
+        spec.name,
+        spec.version,
+        executor.binding,
+        ", ".join(map(str, sorted(executor.bound_keys))),
+        executor.providers,
+        loaded_s,
+        checked.seconds,
+    )
+    return model
+
+
+def _served_copy(spec: ModelSpec, wanted: str, cache: Path) -> tuple[_Checked, dict[str, Any]]:
+    """The check of `spec`, then of the copies that may serve it better (a batch-1
+    declaration freed, RNNs given each row's length): the one served, and what was found
+    (for the config route's `check`)."""
     checked = _checked(spec, wanted, cache)
-    freed: dict[str, Any] | None = None
-    if spec.axes.batch_fixed and not spec.axes.unbatched and spec.config.batching.policy == "auto":
-        checked, freed = _batch_freed(checked, wanted, cache)
+    found: dict[str, Any] = {}
+    if checked.mask.found is not None:
+        found["mask"] = checked.mask.found
+    auto = spec.config.batching.policy == "auto"
+    if spec.axes.batch_fixed and not spec.axes.unbatched and auto:
+        checked, found["batch_freed"] = _batch_freed(checked, wanted, cache)
     spec = checked.spec
-    rewrite: dict[str, Any] | None = None
     if (
         checked.invariance.policy is Policy.EXACT_LENGTH
-        and spec.config.batching.policy == "auto"
+        and auto
         and (safe := pad_safe_spec(spec, cache, checked.graph.path, checked.served)) is not None
     ):
         try:
@@ -114,101 +182,60 @@ def build_model(
                 ", ".join(safe[1]),
                 brief(str(exc)),
             )
-            rewrite = {"rewritten": safe[1], "served": "original", "check": "failed (logged)"}
+            found["pad_safe"] = {
+                "rewritten": safe[1],
+                "served": "original",
+                "check": "failed (logged)",
+            }
         else:
-            rewrite = pad_safe_report(spec.name, safe[1], checked.invariance, again.invariance)
+            found["pad_safe"] = pad_safe_report(
+                spec.name, safe[1], checked.invariance, again.invariance
+            )
             if again.invariance.policy is Policy.BUCKETS:
                 checked = again
-    spec, graph, session = checked.spec, checked.graph, checked.session
-    config, batching = spec.config, spec.config.batching
-    layout, rules, served = checked.served.layout, checked.served.rules, checked.served
-    invariance, failures, checked_s = checked.invariance, checked.failures, checked.seconds
-    tokenizer = (
-        load_tokenizer(spec.tokenizer_path, config.tokenizer.max_length)
-        if spec.tokenizer_path is not None and config.tokenizer is not None
-        else None
-    )
-    pad_id = int(config.inputs[config.sequence_input].pad_value)
-    sources = Sources(spec, layout, special_tokens(tokenizer), pad_id, tokenizer is not None)
-    served_tasks = task_rules(sources)
+    return checked, found
+
+
+def _planned(checked: _Checked) -> tuple[BucketPlan, Speed | None]:
+    """The bucket plan at the policy the check allows (or the config sets), said in the log;
+    where it batches exactly and the config leaves it to the check, whether batching pays
+    (one sequence a run where it does not)."""
+    spec, served, invariance = checked.spec, checked.served, checked.invariance
+    batching, rules = spec.config.batching, served.rules
     policy = invariance.policy if batching.policy == "auto" else Policy(batching.policy)
     if served.single is not None:  # no config makes a model batch that cannot
         policy = Policy.SINGLE
-    log_verdict(spec.name, invariance, policy, batching.policy, failures, served.single)
+    log_verdict(spec.name, invariance, policy, batching.policy, checked.failures, served.single)
     edges = sorted({round_up(edge, rules.multiple) for edge in batching.edges})
     plan = BucketPlan(
         tuple(edges), batching.max_batch_size, batching.max_batch_tokens, policy, rules.multiple
     )
-    speed = None
-    if batching.policy == "auto" and policy is not Policy.SINGLE:  # exact: does it pay?
-        speed = measure_speed(session, layout, rules, plan)
-        if speed is not None:
-            log_speed(spec.name, speed)
-        if speed is not None and speed.batching_loses:
-            policy = Policy.SINGLE
-            plan = dataclasses.replace(plan, policy=policy)
-    # Unpadded batches (equal lengths, or one sequence) run at their own shape: one session
-    # with buffers at the largest, whatever the config asked for.
-    final = wanted if policy is Policy.BUCKETS else "mutable"
-    static = wanted == "session-per-key"
-    executor = make_executor(final, graph, layout, plan, None if static else session)
-    lone = None
-    if lone_batch_threads and not static and policy is Policy.BUCKETS:
-        run = functools.partial(run_all, session)
-        lone = lone_runner(spec, final, graph, layout, rules, plan, run, lone_batch_threads)
-    described = served_config(  # (the providers in use: the load session's are the same)
-        spec,
-        layout,
-        rules,
-        executor.binding,
-        session.get_providers(),
-        invariance,
-        plan,
-        failures,
-        served.single,
-    )
-    if lone is not None:
-        described["lone_batch_threads"] = lone_batch_threads
-    if freed is not None:
-        described["check"]["batch_freed"] = freed
-    if rewrite is not None:
-        described["check"]["pad_safe"] = rewrite
+    if batching.policy != "auto" or policy is Policy.SINGLE:
+        return plan, None
+    speed = measure_speed(checked.session, served.layout, rules, plan)
     if speed is not None:
-        described["check"]["speed"] = speed.described()
-    if checked.mask.found is not None:
-        described["check"]["mask"] = checked.mask.found
-    info = ModelInfo(
-        name=spec.name,
-        version=spec.version,
-        layout=layout,
-        plan=plan,
-        rules=rules,
-        max_queue_delay_s=batching.max_queue_delay_ms / 1000,
-        queue_capacity=batching.queue_capacity,
-        invariance=invariance,
-        text_chars=config.tokenizer.chars if config.tokenizer is not None else None,
-        served_config=described,
-        task_rules=served_tasks,
-        prompts=dict(config.prompts or {}),
-    )
-    described["tasks"] = info.tasks  # (the same mapping the config route serves)
-    model = Model(info, executor, tokenizer, lone)
-    keys = plan.all_keys() if batching.prepare == "all" and policy is Policy.BUCKETS else []
-    for key in [plan.default_key, *keys]:
-        model.prepare(key)
-    loaded_s = time.perf_counter() - began
-    described["load_seconds"] = {"total": round(loaded_s, 3), "check": round(checked_s, 3)}
-    log.info(
-        "model %s v%d: %s, keys %s bound, providers %s; loaded in %.2f s (the check %.2f s)",
-        spec.name,
-        spec.version,
-        executor.binding,
-        ", ".join(map(str, sorted(executor.bound_keys))),
-        executor.providers,
-        loaded_s,
-        checked_s,
-    )
-    return model
+        log_speed(spec.name, speed)
+        if speed.batching_loses:
+            plan = dataclasses.replace(plan, policy=Policy.SINGLE)
+    return plan, speed
+
+
+def _runners(
+    checked: _Checked, wanted: str, plan: BucketPlan, lone_threads: int | None
+) -> tuple[Executor, Executor | None]:
+    """The executor of the binding asked for (unpadded batches, equal lengths or one sequence,
+    run at their own shape: one session with buffers at the largest), and, on a CPU, a second
+    on `lone_threads` for a batch that runs alone, where it answers as the first."""
+    graph, session, served = checked.graph, checked.session, checked.served
+    final = wanted if plan.policy is Policy.BUCKETS else "mutable"
+    static = wanted == "session-per-key"
+    executor = make_executor(final, graph, served.layout, plan, None if static else session)
+    if not lone_threads or static or plan.policy is not Policy.BUCKETS:
+        return executor, None
+    run = functools.partial(run_all, session)
+    layout, rules = served.layout, served.rules
+    lone = lone_runner(checked.spec, final, graph, layout, rules, plan, run, lone_threads)
+    return executor, lone
 
 
 def _batch_freed(checked: _Checked, binding: str, cache: Path) -> tuple[_Checked, dict[str, Any]]:
