@@ -133,265 +133,272 @@ class _LingeringTransport:
         return bool(self._protocol.lingering or self._transport.is_closing())
 
 
+class Guarded(HttpToolsProtocol):
+    """uvicorn's httptools protocol, guarded as the module says; the limits (and whom to tell
+    when a connection closes) are the class's, set by `guarded_protocol`."""
+
+    limits: Limits
+    on_closed: Callable[[int], None] | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._deadline: asyncio.TimerHandle | None = None
+        self._waiting_for: str | None = None  # "headers" or "body"
+        # Where the parser is in the request it reads: None between requests.
+        self._receiving: str | None = None
+        self._head_bytes = 0  # read since the last head completed
+        self._parsed_head = 0  # of this request's head, what the parser has handed over
+        self._refusal: BucketserveError | None = None  # answered once the others are
+        self._upgrade_framing: bytes | None = None  # an ignored upgrade's body framing
+        self._muted = False  # while that framing is replayed to a fresh parser
+        self.lingering = False
+        self._linger_timer: asyncio.TimerHandle | None = None
+        self._answering: Any = None  # the request cycle the application runs
+        self._client_done = False  # the client has shut its sending side
+
+    # -- the connection ---------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(_LingeringTransport(transport, self))  # type: ignore[arg-type]
+        self._raw = transport
+        if len(self.connections) > self.limits.max_connections:
+            self.app = _over_capacity  # this connection's request only
+            throttled.log(
+                logging.WARNING,
+                "capacity",
+                "%d connections open: one more answered 503",
+                self.limits.max_connections,
+            )
+        self._watch()
+
+    def data_received(self, data: bytes) -> None:
+        if self.lingering or self._refusal is not None:
+            return  # what a refused client still sends, dropped
+        self._unset_keepalive_if_required()
+        if self._receiving != "body":
+            self._head_bytes += len(data)
+        try:
+            self._feed(data)
+        except httptools.HttpParserError as exc:
+            said = "" if isinstance(exc, httptools.HttpParserCallbackError) else f" ({exc})"
+            why = self._refusal or MalformedRequest(f"not a valid HTTP/1.1 request{said}")
+            self._refuse(why)
+            return
+        if self._receiving == "headers" and self._head_bytes > MAX_HEAD_BYTES:  # not ended yet
+            self._refuse(_head_too_large())
+            return
+        self._watch()
+
+    def _feed(self, data: bytes) -> None:
+        """The parser fed `data`; past an upgrade, a fresh parser the rest."""
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade as upgrade:
+            self.parser = self._fresh_parser()
+            framing, self._upgrade_framing = self._upgrade_framing, None
+            if framing is not None:  # the fresh parser reads the body as the body
+                self._muted = True
+                self.parser.feed_data(b"POST / HTTP/1.1\r\n" + framing + b"\r\n")
+                self._muted = False
+            self._feed(data[upgrade.args[0] :])
+
+    def _fresh_parser(self) -> httptools.HttpRequestParser:
+        parser = httptools.HttpRequestParser(self)
+        parser.set_dangerous_leniencies(lenient_data_after_close=True)  # (as uvicorn's)
+        return parser
+
+    def eof_received(self) -> bool | None:  # type: ignore[override]
+        """The client shut its sending side: it is answered what it is owed (a request
+        it cut short is refused), then the connection closes. True keeps it open."""
+        self._client_done = True
+        if self.lingering:  # the client has read its answer and closed: so may we
+            self._raw.close()
+            return None
+        if self._refusal is None and self._receiving is not None:
+            cut_short = f"the client closed its sending side within a request's {self._receiving}"
+            self._refuse(MalformedRequest(cut_short))
+        elif self._refusal is None and not self._owes_answers():
+            return None  # idle: closed now
+        return True
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop()
+        if self._linger_timer is not None:
+            self._linger_timer.cancel()
+        super().connection_lost(exc)
+        if self.on_closed is not None:
+            self.on_closed(len(self.connections))
+
+    # -- the parser's callbacks, in the order it makes them for one request -------------
+
+    def on_message_begin(self) -> None:
+        if self._muted:
+            return
+        super().on_message_begin()
+        self._receiving, self._parsed_head = "headers", 0
+
+    def on_url(self, url: bytes) -> None:
+        if self._muted:
+            return
+        super().on_url(url)
+        self._parsed_head += len(url)
+        if self._parsed_head > MAX_URL_BYTES:
+            self._stop_parsing(UriTooLong(f"a request line may hold {MAX_URL_BYTES} bytes"))
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self._muted:
+            return
+        super().on_header(name, value)
+        self._parsed_head += len(name) + len(value) + 4
+        if self._parsed_head > MAX_HEAD_BYTES:
+            self._stop_parsing(_head_too_large())
+
+    def on_headers_complete(self) -> None:
+        if self._muted:
+            return
+        hosts = [value for name, value in self.headers if name == b"host"]
+        needed = self.parser.get_http_version() != "1.0"
+        if len(hosts) > 1 or (needed and not hosts) or (hosts and not HOST.match(hosts[0])):
+            self._stop_parsing(MalformedRequest("a request needs exactly one valid Host"))
+        if self.parser.should_upgrade():  # ignored: the body (if any) comes after it
+            self._upgrade_framing = self._framing()
+        super().on_headers_complete()
+        self._receiving, self._head_bytes = "body", 0
+
+    def on_message_complete(self) -> None:
+        if self._muted or self._upgrade_framing is not None:
+            return  # (an ignored upgrade: the parser skipped a body that is still to come)
+        super().on_message_complete()
+        self._receiving = None
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self._owes_answers():
+            self._watch()
+        elif self._refusal is not None:
+            self._answer_refusal()
+        elif self._client_done:  # (a half-closed client had one more answer coming)
+            self._raw.close()
+        else:
+            self._watch()
+
+    def _start_asgi_task(self, cycle: Any, app: Any) -> None:
+        self._answering = cycle
+        super()._start_asgi_task(cycle, app)
+
+    def _framing(self) -> bytes | None:
+        """How the body of the request whose head was just read is delimited, as header
+        lines; None when it has none."""
+        headers = dict(self.headers)
+        if b"chunked" in headers.get(b"transfer-encoding", b"").lower():
+            return b"transfer-encoding: chunked\r\n"
+        length = headers.get(b"content-length", b"0").strip()
+        return None if length in (b"", b"0") else b"content-length: " + length + b"\r\n"
+
+    # -- refusals -------------------------------------------------------------------------
+
+    def _stop_parsing(self, error: BucketserveError) -> None:
+        self._refusal = error
+        raise _Refused  # (the parser stops; `data_received` answers)
+
+    def _refuse(self, error: BucketserveError) -> None:
+        """Answer `error` once every request before it is answered, then close."""
+        self._refusal = error
+        self._stop()
+        self.flow.pause_reading()
+        if self._receiving == "body":  # the application has this request: it is withdrawn
+            self._withdraw(self.cycle, error)
+        if not self._owes_answers():
+            self._answer_refusal()
+
+    def _withdraw(self, cycle: Any, error: BucketserveError) -> None:
+        """Take a request whose body was refused from the application: never started if
+        it waits behind others; else told its client left, and why."""
+        self.pipeline = type(self.pipeline)(p for p in self.pipeline if p[0] is not cycle)
+        cycle.scope.setdefault("extensions", {})[REFUSED] = error
+        cycle.disconnected = True
+        cycle.message_event.set()
+
+    def _owes_answers(self) -> bool:
+        cycle = self._answering
+        answering = cycle is not None and not (cycle.response_complete or cycle.disconnected)
+        return answering or bool(self.pipeline)
+
+    def _answer_refusal(self) -> None:
+        assert self._refusal is not None
+        if self._raw.is_closing():
+            return
+        self.transport.write(_closing_answer(self._refusal, getattr(self, "url", b"")))
+        self.linger()
+
+    def client_may_send(self) -> bool:
+        """Whether the client may still be sending: a refused request, or a body not read
+        to its end."""
+        return self._refusal is not None or self._receiving is not None
+
+    def linger(self) -> None:
+        """Shut the sending side after what is written, and drop what the client still
+        sends until it closes, or until `LINGER_S` passes."""
+        if self.lingering or self._raw.is_closing():
+            return
+        self.lingering = True
+        self._stop()
+        self._unset_keepalive_if_required()
+        if self._client_done:  # it sends nothing more: closed once the answer is out
+            self._raw.close()
+            return
+        if self._raw.can_write_eof():
+            self._raw.write_eof()
+        self.flow.resume_reading()
+        self._linger_timer = self.loop.call_later(LINGER_S, self._raw.close)
+
+    # -- deadlines ------------------------------------------------------------------------
+
+    def _watch(self) -> None:
+        """Arm the deadline that fits where the request is: its headers (its first byte
+        in, or none yet and no keep-alive wait running), its body, or none (it is in, or
+        being answered)."""
+        if self.lingering or self._refusal is not None:
+            return
+        answering = self.cycle is not None and not self.cycle.response_complete
+        if self._receiving == "body":
+            self._arm("body", self.limits.body_timeout_s)
+        elif self._receiving == "headers" or (
+            not answering and self.timeout_keep_alive_task is None
+        ):
+            self._arm("headers", self.limits.header_timeout_s)
+        else:
+            self._stop()
+
+    def _arm(self, waiting_for: str, seconds: float) -> None:
+        if self._waiting_for == waiting_for:
+            return  # the deadline counts from when this wait began
+        self._stop()
+        self._waiting_for = waiting_for
+        self._deadline = self.loop.call_later(seconds, self._expired)
+
+    def _stop(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+        self._deadline, self._waiting_for = None, None
+
+    def _expired(self) -> None:
+        what = self._waiting_for
+        self._deadline = self._waiting_for = None
+        if self._raw.is_closing():
+            return
+        throttled.log(logging.INFO, f"slow-{what}", "closed a connection: its %s were late", what)
+        self._raw.close()  # the application, if it waits on the body, sees a disconnect
+
+
 def guarded_protocol(
     limits: Limits, on_closed: Callable[[int], None] | None = None
 ) -> type[HttpToolsProtocol]:
-    """The protocol class to hand uvicorn (`Config(http=...)`). `on_closed(open)` is told how
-    many connections are still open each time one closes (the drain waits for none)."""
-
-    class Guarded(HttpToolsProtocol):
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            self._deadline: asyncio.TimerHandle | None = None
-            self._waiting_for: str | None = None  # "headers" or "body"
-            # Where the parser is in the request it reads: None between requests.
-            self._receiving: str | None = None
-            self._head_bytes = 0  # read since the last head completed
-            self._parsed_head = 0  # of this request's head, what the parser has handed over
-            self._refusal: BucketserveError | None = None  # answered once the others are
-            self._upgrade_framing: bytes | None = None  # an ignored upgrade's body framing
-            self._muted = False  # while that framing is replayed to a fresh parser
-            self.lingering = False
-            self._linger_timer: asyncio.TimerHandle | None = None
-            self._answering: Any = None  # the request cycle the application runs
-            self._client_done = False  # the client has shut its sending side
-
-        # -- the connection ---------------------------------------------------------------
-
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(_LingeringTransport(transport, self))  # type: ignore[arg-type]
-            self._raw = transport
-            if len(self.connections) > limits.max_connections:
-                self.app = _over_capacity  # this connection's request only
-                throttled.log(
-                    logging.WARNING,
-                    "capacity",
-                    "%d connections open: one more answered 503",
-                    limits.max_connections,
-                )
-            self._watch()
-
-        def data_received(self, data: bytes) -> None:
-            if self.lingering or self._refusal is not None:
-                return  # what a refused client still sends, dropped
-            self._unset_keepalive_if_required()
-            if self._receiving != "body":
-                self._head_bytes += len(data)
-            try:
-                self._feed(data)
-            except httptools.HttpParserError as exc:
-                said = "" if isinstance(exc, httptools.HttpParserCallbackError) else f" ({exc})"
-                why = self._refusal or MalformedRequest(f"not a valid HTTP/1.1 request{said}")
-                self._refuse(why)
-                return
-            if self._receiving == "headers" and self._head_bytes > MAX_HEAD_BYTES:  # not ended yet
-                self._refuse(_head_too_large())
-                return
-            self._watch()
-
-        def _feed(self, data: bytes) -> None:
-            """The parser fed `data`; past an upgrade, a fresh parser the rest."""
-            try:
-                self.parser.feed_data(data)
-            except httptools.HttpParserUpgrade as upgrade:
-                self.parser = self._fresh_parser()
-                framing, self._upgrade_framing = self._upgrade_framing, None
-                if framing is not None:  # the fresh parser reads the body as the body
-                    self._muted = True
-                    self.parser.feed_data(b"POST / HTTP/1.1\r\n" + framing + b"\r\n")
-                    self._muted = False
-                self._feed(data[upgrade.args[0] :])
-
-        def _fresh_parser(self) -> httptools.HttpRequestParser:
-            parser = httptools.HttpRequestParser(self)
-            parser.set_dangerous_leniencies(lenient_data_after_close=True)  # (as uvicorn's)
-            return parser
-
-        def eof_received(self) -> bool | None:  # type: ignore[override]
-            """The client shut its sending side: it is answered what it is owed (a request
-            it cut short is refused), then the connection closes. True keeps it open."""
-            self._client_done = True
-            if self.lingering:  # the client has read its answer and closed: so may we
-                self._raw.close()
-                return None
-            if self._refusal is None and self._receiving is not None:
-                cut_short = (
-                    f"the client closed its sending side within a request's {self._receiving}"
-                )
-                self._refuse(MalformedRequest(cut_short))
-            elif self._refusal is None and not self._owes_answers():
-                return None  # idle: closed now
-            return True
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._stop()
-            if self._linger_timer is not None:
-                self._linger_timer.cancel()
-            super().connection_lost(exc)
-            if on_closed is not None:
-                on_closed(len(self.connections))
-
-        # -- the parser's callbacks, in the order it makes them for one request -------------
-
-        def on_message_begin(self) -> None:
-            if self._muted:
-                return
-            super().on_message_begin()
-            self._receiving, self._parsed_head = "headers", 0
-
-        def on_url(self, url: bytes) -> None:
-            if self._muted:
-                return
-            super().on_url(url)
-            self._parsed_head += len(url)
-            if self._parsed_head > MAX_URL_BYTES:
-                self._stop_parsing(UriTooLong(f"a request line may hold {MAX_URL_BYTES} bytes"))
-
-        def on_header(self, name: bytes, value: bytes) -> None:
-            if self._muted:
-                return
-            super().on_header(name, value)
-            self._parsed_head += len(name) + len(value) + 4
-            if self._parsed_head > MAX_HEAD_BYTES:
-                self._stop_parsing(_head_too_large())
-
-        def on_headers_complete(self) -> None:
-            if self._muted:
-                return
-            hosts = [value for name, value in self.headers if name == b"host"]
-            needed = self.parser.get_http_version() != "1.0"
-            if len(hosts) > 1 or (needed and not hosts) or (hosts and not HOST.match(hosts[0])):
-                self._stop_parsing(MalformedRequest("a request needs exactly one valid Host"))
-            if self.parser.should_upgrade():  # ignored: the body (if any) comes after it
-                self._upgrade_framing = self._framing()
-            super().on_headers_complete()
-            self._receiving, self._head_bytes = "body", 0
-
-        def on_message_complete(self) -> None:
-            if self._muted or self._upgrade_framing is not None:
-                return  # (an ignored upgrade: the parser skipped a body that is still to come)
-            super().on_message_complete()
-            self._receiving = None
-
-        def on_response_complete(self) -> None:
-            super().on_response_complete()
-            if self._owes_answers():
-                self._watch()
-            elif self._refusal is not None:
-                self._answer_refusal()
-            elif self._client_done:  # (a half-closed client had one more answer coming)
-                self._raw.close()
-            else:
-                self._watch()
-
-        def _start_asgi_task(self, cycle: Any, app: Any) -> None:
-            self._answering = cycle
-            super()._start_asgi_task(cycle, app)
-
-        def _framing(self) -> bytes | None:
-            """How the body of the request whose head was just read is delimited, as header
-            lines; None when it has none."""
-            headers = dict(self.headers)
-            if b"chunked" in headers.get(b"transfer-encoding", b"").lower():
-                return b"transfer-encoding: chunked\r\n"
-            length = headers.get(b"content-length", b"0").strip()
-            return None if length in (b"", b"0") else b"content-length: " + length + b"\r\n"
-
-        # -- refusals -------------------------------------------------------------------------
-
-        def _stop_parsing(self, error: BucketserveError) -> None:
-            self._refusal = error
-            raise _Refused  # (the parser stops; `data_received` answers)
-
-        def _refuse(self, error: BucketserveError) -> None:
-            """Answer `error` once every request before it is answered, then close."""
-            self._refusal = error
-            self._stop()
-            self.flow.pause_reading()
-            if self._receiving == "body":  # the application has this request: it is withdrawn
-                self._withdraw(self.cycle, error)
-            if not self._owes_answers():
-                self._answer_refusal()
-
-        def _withdraw(self, cycle: Any, error: BucketserveError) -> None:
-            """Take a request whose body was refused from the application: never started if
-            it waits behind others; else told its client left, and why."""
-            self.pipeline = type(self.pipeline)(p for p in self.pipeline if p[0] is not cycle)
-            cycle.scope.setdefault("extensions", {})[REFUSED] = error
-            cycle.disconnected = True
-            cycle.message_event.set()
-
-        def _owes_answers(self) -> bool:
-            cycle = self._answering
-            answering = cycle is not None and not (cycle.response_complete or cycle.disconnected)
-            return answering or bool(self.pipeline)
-
-        def _answer_refusal(self) -> None:
-            assert self._refusal is not None
-            if self._raw.is_closing():
-                return
-            self.transport.write(_closing_answer(self._refusal, getattr(self, "url", b"")))
-            self.linger()
-
-        def client_may_send(self) -> bool:
-            """Whether the client may still be sending: a refused request, or a body not read
-            to its end."""
-            return self._refusal is not None or self._receiving is not None
-
-        def linger(self) -> None:
-            """Shut the sending side after what is written, and drop what the client still
-            sends until it closes, or until `LINGER_S` passes."""
-            if self.lingering or self._raw.is_closing():
-                return
-            self.lingering = True
-            self._stop()
-            self._unset_keepalive_if_required()
-            if self._client_done:  # it sends nothing more: closed once the answer is out
-                self._raw.close()
-                return
-            if self._raw.can_write_eof():
-                self._raw.write_eof()
-            self.flow.resume_reading()
-            self._linger_timer = self.loop.call_later(LINGER_S, self._raw.close)
-
-        # -- deadlines ------------------------------------------------------------------------
-
-        def _watch(self) -> None:
-            """Arm the deadline that fits where the request is: its headers (its first byte
-            in, or none yet and no keep-alive wait running), its body, or none (it is in, or
-            being answered)."""
-            if self.lingering or self._refusal is not None:
-                return
-            answering = self.cycle is not None and not self.cycle.response_complete
-            if self._receiving == "body":
-                self._arm("body", limits.body_timeout_s)
-            elif self._receiving == "headers" or (
-                not answering and self.timeout_keep_alive_task is None
-            ):
-                self._arm("headers", limits.header_timeout_s)
-            else:
-                self._stop()
-
-        def _arm(self, waiting_for: str, seconds: float) -> None:
-            if self._waiting_for == waiting_for:
-                return  # the deadline counts from when this wait began
-            self._stop()
-            self._waiting_for = waiting_for
-            self._deadline = self.loop.call_later(seconds, self._expired)
-
-        def _stop(self) -> None:
-            if self._deadline is not None:
-                self._deadline.cancel()
-            self._deadline, self._waiting_for = None, None
-
-        def _expired(self) -> None:
-            what = self._waiting_for
-            self._deadline = self._waiting_for = None
-            if self._raw.is_closing():
-                return
-            throttled.log(
-                logging.INFO, f"slow-{what}", "closed a connection: its %s were late", what
-            )
-            self._raw.close()  # the application, if it waits on the body, sees a disconnect
-
-    return Guarded
+    """The protocol class to hand uvicorn (`Config(http=...)`): `Guarded` with these limits.
+    `on_closed(open)` is told how many connections are still open each time one closes (the
+    drain waits for none)."""
+    attributes = {
+        "limits": limits,
+        "on_closed": None if on_closed is None else staticmethod(on_closed),
+    }
+    return type("Guarded", (Guarded,), attributes)
