@@ -60,6 +60,7 @@ OPERATIONS = [
     "POST /v2/rerank",
     "POST /classify",
     "POST /classify_tokens",
+    "POST /fill_mask",
     "POST /embed_sparse",
     "POST /embed_all",
     "POST /tokenize",

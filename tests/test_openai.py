@@ -248,7 +248,7 @@ def test_the_sdk_against_a_server_process(server: str) -> None:
 async def test_minilm_embeddings_equal_predict_and_the_model_alone(
     minilm_spec: Any, tmp_path: Path
 ) -> None:
-    from tests.helpers import Reference
+    from tests.engines import Reference
 
     models = tmp_path / "models"
     copy_bundled(models, "minilm")
