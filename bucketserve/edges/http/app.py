@@ -2,7 +2,7 @@
 `kserve_routes`, `openai_api`, `tasks`, `cohere_api`, `contract`), and so do the middleware
 (`context`, and `guard` when the server has an API key); errors are answered here, as
 `edges.failures` rules for both protocols, in the form of the route they came in on
-(`common.error_body`).
+(`dialects.error_body`).
 
 `create_app(engine, control, metrics, keys)`: the app serves what the process (or a test)
 built and runs; it loads nothing and starts nothing. Imports the routes beside it, the core's
@@ -25,11 +25,11 @@ from bucketserve.edges.http import cohere_api, contract, kserve_routes, openai_a
 from bucketserve.edges.http.common import (
     REFUSED,
     ClientGone,
-    error_body,
     error_response,
     json_response,
 )
 from bucketserve.edges.http.context import RequestContext
+from bucketserve.edges.http.dialects import error_body
 from bucketserve.edges.http.guard import RequireKey
 from bucketserve.edges.limits import Limits
 from bucketserve.errors import BucketserveError, InvalidInput

@@ -20,6 +20,7 @@ from bucketserve.control import Control
 from bucketserve.core.calls import OFF_LOOP_BYTES, Call, Inputs
 from bucketserve.core.engine import Engine
 from bucketserve.edges.auth import ApiKeys
+from bucketserve.edges.http.dialects import error_body
 from bucketserve.edges.kserve import level_of
 from bucketserve.edges.limits import Budget, Limits
 from bucketserve.errors import (
@@ -28,17 +29,12 @@ from bucketserve.errors import (
     PayloadTooLarge,
     Unavailable,
     UnsupportedMediaType,
-    brief,
-    error_form,
 )
 
 T = TypeVar("T")
 
 TIMEOUT_HEADER = "x-request-timeout-ms"
 PRIORITY_HEADER = "x-priority"
-OPENAI_PREFIX = "/v1/"  # the routes of OpenAI's API
-KSERVE_PREFIX = "/v2/"  # the routes of KServe's v2 protocol
-COHERE_V2 = ("/v2/rerank", "/v2/embed")  # Cohere's (and Jina's) routes under KServe's prefix
 JSON = "application/json"
 BINARY = "application/octet-stream"
 # A scope's extension: the error the connection refused a request's body with (`connections`),
@@ -233,20 +229,6 @@ def json_response(
 ) -> Response:
     body = orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY)
     return Response(body, status, headers, media_type="application/json")
-
-
-def error_body(error: BucketserveError, path: str) -> dict[str, Any]:
-    """An error as the route family of `path` answers errors: KServe v2's form on its routes
-    (`{"error": message}`, which tritonclient and KServe's clients read, with our code beside
-    it; not on Cohere's two that share its prefix), OpenAI's on its own (the one error form
-    with `type` and `param` added, which its SDKs read), the one error form everywhere else."""
-    if path.startswith(KSERVE_PREFIX) and path not in COHERE_V2:
-        return {"error": brief(error.message), "code": error.code}
-    detail: dict[str, Any] = error_form(error.code, error.message)["error"]
-    if path.startswith(OPENAI_PREFIX):
-        kind = "server_error" if error.status >= 500 else "invalid_request_error"
-        detail |= {"type": kind, "param": error.param}
-    return {"error": detail}
 
 
 def error_response(error: BucketserveError, path: str) -> Response:

@@ -48,7 +48,8 @@ import httptools
 import orjson
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from bucketserve.edges.http.common import REFUSED, error_body
+from bucketserve.edges.http.common import REFUSED
+from bucketserve.edges.http.dialects import error_body
 from bucketserve.errors import (
     BucketserveError,
     HeadersTooLarge,

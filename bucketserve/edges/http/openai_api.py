@@ -4,7 +4,7 @@
 A body becomes the core's one call (`Texts`, or `Sequences` for token ids) with the `Embed`
 head (`bucketserve.core.heads`): the core pools and normalises each sequence's outputs by the
 model's embedding rule, and the route sends the vectors as floats or as base64 of
-little-endian float32 (the SDKs' default). Errors come in OpenAI's form (`common.error_body`),
+little-endian float32 (the SDKs' default). Errors come in OpenAI's form (`dialects.error_body`),
 with the server's statuses.
 """
 
@@ -37,7 +37,8 @@ from bucketserve.edges.http.common import (
     read_json,
     unless_client_leaves,
 )
-from bucketserve.edges.http.schemas import WHY, Integer, Positive, inlined, is_integer
+from bucketserve.edges.http.dialects import Dialect, errors
+from bucketserve.edges.http.schemas import Integer, Positive, inlined, is_integer
 from bucketserve.errors import BucketserveError, InvalidInput, MalformedRequest
 
 router = APIRouter(prefix="/v1", tags=["OpenAI"])
@@ -107,21 +108,6 @@ class ModelCard(BaseModel):
 class ModelList(BaseModel):
     object: Literal["list"]
     data: list[ModelCard]
-
-
-class OpenAIErrorDetail(BaseModel):
-    code: str
-    message: str
-    type: str = Field(description="invalid_request_error, or server_error")
-    param: str | None = Field(description="the field at fault, where there is one")
-
-
-class OpenAIError(BaseModel):
-    error: OpenAIErrorDetail
-
-
-def openai_errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    return {status: {"model": OpenAIError, "description": WHY[status]} for status in statuses}
 
 
 INPUT_FORMS = "a string, a list of strings, a list of token ids, or a list of such lists"
@@ -214,7 +200,7 @@ def encoded(vector: np.ndarray, encoding: str) -> str | np.ndarray:
 @router.post(
     "/embeddings",
     response_model=EmbeddingsResponse,
-    responses=openai_errors(400, 404, 413, 415, 422, 503, 504),
+    responses=errors(Dialect.OPENAI, 400, 404, 413, 415, 422, 503, 504),
     openapi_extra={
         "requestBody": {"required": True, "content": {JSON: {"schema": inlined(EmbeddingsBody)}}},
         "parameters": [TIMEOUT_PARAMETER, PRIORITY_PARAMETER],
@@ -269,7 +255,7 @@ async def models(request: Request) -> Response:
 @router.get(
     "/models/{name}",
     response_model=ModelCard,
-    responses=openai_errors(400, 404, 422, 503),
+    responses=errors(Dialect.OPENAI, 400, 404, 422, 503),
     summary="One model that embeds, reranks or classifies",
 )
 async def model(request: Request, name: str) -> Response:

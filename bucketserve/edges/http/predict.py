@@ -23,7 +23,8 @@ from bucketserve.edges.http.common import (
     read_json,
     unless_client_leaves,
 )
-from bucketserve.edges.http.schemas import errors, inlined
+from bucketserve.edges.http.dialects import Dialect, errors
+from bucketserve.edges.http.schemas import inlined
 from bucketserve.errors import InvalidInput, MalformedRequest
 
 router = APIRouter()
@@ -131,7 +132,7 @@ def parse_predict(raw: bytes, steps: int, values: int | None = None) -> Predict:
 @router.post(
     "/predict",
     response_model=PredictResponse,
-    responses=errors(400, 404, 413, 415, 422, 503, 504),
+    responses=errors(Dialect.OURS, 400, 404, 413, 415, 422, 503, 504),
     openapi_extra={
         "requestBody": {
             "required": True,

@@ -48,6 +48,19 @@ class ErrorBody(BaseModel):
     error: ErrorDetail
 
 
+class OpenAIErrorDetail(BaseModel):
+    code: str
+    message: str
+    type: str = Field(description="invalid_request_error, or server_error")
+    param: str | None = Field(description="the field at fault, where there is one")
+
+
+class OpenAIError(BaseModel):
+    """An error on OpenAI's routes: the one error form, with the fields its SDKs read."""
+
+    error: OpenAIErrorDetail
+
+
 class V2ErrorBody(BaseModel):
     """An error on KServe v2's routes, in the protocol's own form (which tritonclient and
     KServe's clients read), with our code beside the message."""
@@ -204,16 +217,6 @@ WHY = {
     503: "queue full, draining, or the model did not load (Retry-After says when to retry)",
     504: "the deadline passed",
 }
-
-
-def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    """OpenAPI `responses` for these error statuses, all in the one error form."""
-    return {status: {"model": ErrorBody, "description": WHY[status]} for status in statuses}
-
-
-def v2_errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    """OpenAPI `responses` for these error statuses, in KServe v2's error form."""
-    return {status: {"model": V2ErrorBody, "description": WHY[status]} for status in statuses}
 
 
 def inlined(schema: type[BaseModel]) -> dict[str, Any]:

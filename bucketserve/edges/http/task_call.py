@@ -22,7 +22,8 @@ from bucketserve.edges.http.common import (
     read_json,
     unless_client_leaves,
 )
-from bucketserve.edges.http.schemas import Strict, errors, inlined, validate
+from bucketserve.edges.http.dialects import dialect_of, errors
+from bucketserve.edges.http.schemas import Strict, inlined, validate
 
 RUN = (400, 404, 413, 415, 422, 503, 504)  # what a route that runs a model may answer
 READ = (400, 404, 413, 415, 422, 503)  # what one that only reads a model (its tokenizer) may
@@ -38,7 +39,8 @@ def post(
     }
     if 504 in statuses:
         extra["parameters"] = [TIMEOUT_PARAMETER, PRIORITY_PARAMETER]
-    return router.post(path, responses=errors(*statuses), openapi_extra=extra, summary=summary)
+    responses = errors(dialect_of(path), *statuses)
+    return router.post(path, responses=responses, openapi_extra=extra, summary=summary)
 
 
 async def run(
