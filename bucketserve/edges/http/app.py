@@ -1,5 +1,6 @@
 """The FastAPI application factory: wiring only. The routes live beside it (`predict`,
-`kserve_routes`, `openai_api`, `tasks`, `cohere_api`, `contract`), and so do the middleware
+`kserve_routes`, `openai_api`, `tasks`, `tei_api`, `cohere_api`,
+`contract`), and so do the middleware
 (`context`, and `guard` when the server has an API key); errors are answered here, as
 `edges.failures` rules for both protocols, in the form of the route they came in on
 (`dialects.error_body`).
@@ -21,7 +22,15 @@ from bucketserve.control import Control
 from bucketserve.core.engine import Engine
 from bucketserve.edges.auth import ApiKeys
 from bucketserve.edges.failures import CLIENT_CLOSED, Failures
-from bucketserve.edges.http import cohere_api, contract, kserve_routes, openai_api, predict, tasks
+from bucketserve.edges.http import (
+    cohere_api,
+    contract,
+    kserve_routes,
+    openai_api,
+    predict,
+    tasks,
+    tei_api,
+)
 from bucketserve.edges.http.common import (
     REFUSED,
     ClientGone,
@@ -76,6 +85,7 @@ def create_app(
     app.include_router(kserve_routes.router)
     app.include_router(openai_api.router)
     app.include_router(tasks.router)
+    app.include_router(tei_api.router)
     app.include_router(cohere_api.router)
     registry = engine.registry
     versions = [str(model.info.version) for model in registry.models.values()]

@@ -1,5 +1,7 @@
-"""Cohere's embed API, as its SDKs (and LangChain's CohereEmbeddings) send it: `POST
-/v1/embed` and `POST /v2/embed`. (Its rerank is in `tasks`, beside Jina's and TEI's.)
+"""Cohere's embed and rerank APIs, as its SDKs (and LangChain's CohereEmbeddings and
+CohereRerank) send them: `POST /v1/embed`, `POST /v2/embed`, and `POST /v1/rerank`, `POST
+/v2/rerank`, where Jina's clients send theirs too (`query`, `documents`, `top_n`: each (query,
+document) pair one sequence, scored by the `Rerank` head, answered sorted by relevance).
 
 A body becomes the core's one call (`Texts`, with the `Embed` head), as OpenAI's does: its
 `input_type` chooses the model's prompt (`ModelInfo.prompt_of_type`: e5's `query: ` for
@@ -13,17 +15,20 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Request, Response
-from pydantic import Field, StrictStr
+from pydantic import Field, StrictBool, StrictStr
 
-from bucketserve.core.calls import Texts
+from bucketserve.core.calls import TextPairs, Texts
 from bucketserve.core.model import Truncation
+from bucketserve.core.tasks.classifier import RELEVANCE, Rerank
 from bucketserve.core.tasks.embedding import EMBEDDING, Embed
+from bucketserve.edges.http.bodies import Text, ranked
 from bucketserve.edges.http.common import (
     json_response,
     request_id,
 )
 from bucketserve.edges.http.schemas import Integer, Positive, Strict
 from bucketserve.edges.http.task_call import body_of, post, run
+from bucketserve.errors import InvalidInput, quoted
 
 router = APIRouter(tags=["Cohere"])
 
@@ -78,3 +83,92 @@ async def embed_v1(request: Request) -> Response:
 async def embed_v2(request: Request) -> Response:
     """Embeddings, as Cohere's API v2 answers them: by type."""
     return await embed(request, 2)
+
+
+Document = Annotated[dict[str, Any], Field(min_length=1)]  # Cohere's: fields beside its text
+
+
+class RerankBody(Strict):
+    """Cohere's and Jina's rerank (their SDKs' fields; the ones they also send and that do not
+    apply here are accepted and ignored)."""
+
+    model: StrictStr | None = Field(None, min_length=1)
+    query: Text
+    documents: list[Text | Document] = Field(min_length=1)
+    top_n: Positive | None = Field(None, description="the best this many (default: all)")
+    return_documents: StrictBool = Field(False, description="each document beside its score")
+    truncate: StrictBool = Field(True, description="cut a pair longer than the model takes")
+    rank_fields: Annotated[list[StrictStr], Field(min_length=1)] | None = Field(
+        None,
+        description="the fields of a document object it is ranked by, in order (default: "
+        "text); two or more are read as one text of `field: value` lines",
+    )
+    max_chunks_per_doc: Integer | None = Field(None, description="accepted and ignored")
+    max_tokens_per_doc: Integer | None = Field(None, description="accepted and ignored")
+    relevant_spans: dict[str, Any] | None = Field(None, description="accepted and ignored")
+    priority: Integer | None = Field(
+        None, description="the server's priority level: 1 first; 0 or none, the default"
+    )
+
+
+async def rerank(request: Request) -> Response:
+    """Cohere's and Jina's rerank, at both their paths."""
+    body: RerankBody = await body_of(request, RerankBody)
+    documents = [document_text(d, i, body.rank_fields) for i, d in enumerate(body.documents)]
+    if body.top_n is not None and body.top_n > len(documents):
+        raise InvalidInput(
+            f"top_n {body.top_n} is more than the {len(documents)} documents", param="top_n"
+        )
+    pairs = TextPairs([(body.query, d) for d in documents], Truncation(body.truncate))
+    answer = await run(request, pairs, body.model, Rerank(), body.priority)
+    scores = [float(out[RELEVANCE]) for out in answer.outputs]
+    results = [
+        {"index": i, "relevance_score": scores[i]}
+        | ({"document": as_sent(body.documents[i])} if body.return_documents else {})
+        for i in ranked(scores, body.top_n)
+    ]
+    tokens = sum(answer.lengths)
+    return json_response(
+        {
+            "id": request_id(request),
+            "results": results,
+            "model": answer.model.name,
+            "usage": {"total_tokens": tokens},
+            "meta": {"api_version": {"version": "2"}, "billed_units": {"search_units": 1}},
+        }
+    )
+
+
+def document_text(document: str | dict[str, Any], index: int, fields: list[str] | None) -> str:
+    """The text a document is ranked by: itself, or (an object, as Cohere takes them) its
+    `text`, or the one field `rank_fields` names, or the fields it names as `field: value`
+    lines, in its order."""
+    if isinstance(document, str):
+        return document
+    named = fields or ["text"]
+    missing = next((f for f in named if not isinstance(document.get(f), (str, int, float))), None)
+    if missing is not None:
+        raise InvalidInput(
+            f"documents.{index}: no field {quoted(missing)} of text to rank it by (a document "
+            f"object is ranked by {', '.join(named)}: rank_fields names them)",
+            param="documents",
+        )
+    values = [str(document[f]) for f in named]
+    text = (
+        values[0]
+        if len(named) == 1
+        else "\n".join(f"{f}: {v}" for f, v in zip(named, values, strict=True))
+    )
+    if not text:
+        raise InvalidInput(f"documents.{index}: its text is empty", param="documents")
+    return text
+
+
+def as_sent(document: str | dict[str, Any]) -> dict[str, Any]:
+    """A document as an answer returns it: an object as sent, a text as {text}."""
+    return {"text": document} if isinstance(document, str) else document
+
+
+for path in ("/v1/rerank", "/v2/rerank"):
+    shape = f"Rerank documents against a query (Cohere's and Jina's shape), at {path}"
+    post(router, path, RerankBody, shape)(rerank)
