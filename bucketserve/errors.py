@@ -1,8 +1,9 @@
 """One error hierarchy for the whole server: each error carries its HTTP status and a short code.
 
 Errors are raised where a problem is found (config loading, validation at the edge, admission,
-the runtime) and answered by the edge the request came in at: over HTTP with its status, always
-in `error_form`; over gRPC with the status code Triton's clients expect for it.
+the runtime) and answered by the edge the request came in at: over HTTP with its status, in the
+form of the route's dialect (`edges.http.dialects`); over gRPC with the status code Triton's
+clients expect for it.
 """
 
 from __future__ import annotations
@@ -22,12 +23,6 @@ def brief(message: str) -> str:
     if len(message) <= MAX_MESSAGE_CHARS:
         return message
     return message[: MAX_MESSAGE_CHARS - 3] + "..."
-
-
-def error_form(code: str, message: str) -> dict[str, dict[str, str]]:
-    """The one body every error answer has, whoever sends it (a route, the app, a connection
-    the application never sees)."""
-    return {"error": {"code": code, "message": brief(message)}}
 
 
 class BucketserveError(Exception):

@@ -147,9 +147,9 @@ async def test_a_sequence_that_fails_in_the_runtime_fails_alone(tmp_models: Path
             client.post("/predict", json={"model": "lookup", "sequences": [good[1]]}),
         )
     assert failed.status_code == 500
-    error = failed.json()["error"]
-    assert error["code"] == "inference_failed"
-    assert error["message"].startswith("sequence 1 of 2: inference failed on the server")
+    code, message = error_of(failed)
+    assert code == "inference_failed"
+    assert message.startswith("sequence 1 of 2: inference failed on the server")
     assert answered.status_code == 200
     assert answered.json()["outputs"][0]["y"] == [[0.0, 1.0], [3.0, 4.0]]
 

@@ -1,12 +1,16 @@
 """The API dialects the HTTP edge speaks, by path, and how each answers an error: the one place
 that decides an error's body on every route (the routes, the app's handlers, the key guard and
-the connection that refuses a body before the app sees it all ask `error_body`).
+the connection that refuses a body before the app sees it all ask `error_body`). Each form
+holds the keys its clients read, and our code:
 
-- `KSERVE`: KServe v2's routes (`/v2/...`, but Cohere's two under its prefix): the protocol's
-  `{"error": message}`, which tritonclient and KServe's clients read, our code beside it.
-- `OPENAI`: OpenAI's prefix (`/v1/...`): the one error form, with OpenAI's `type` and `param`,
-  which its SDKs read.
-- `OURS`: every other route: the one error form (`errors.error_form`).
+- `BARE`: the paths without a prefix (text-embeddings-inference's and ours beside them) and
+  KServe v2's: `{"error": message, "error_type": kind, "code": code}`, TEI's `ErrorResponse`,
+  which huggingface_hub, Haystack and LangChain read, and KServe's `{"error": message}`, which
+  tritonclient and KServe's clients read.
+- `HOSTED`: the paths of the hosted APIs (OpenAI's `/v1/...`, Cohere's and Jina's, and the
+  copies vLLM and Infinity serve: `/embeddings`, `/score`, Cohere's two under `/v2`):
+  OpenAI's `{"error": {"message", "type", "param", "code"}}`, which its SDKs read, with
+  Cohere's `message` and Jina's `detail` beside it (Jina's clients raise `KeyError` without).
 
 Imports the errors and the schemas that document each form.
 """
@@ -18,48 +22,46 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from bucketserve.edges.http.schemas import WHY, ErrorBody, OpenAIError, V2ErrorBody
-from bucketserve.errors import BucketserveError, brief, error_form
+from bucketserve.edges.http.schemas import WHY, ErrorBody, HostedError
+from bucketserve.errors import BucketserveError, ModelNotReady, Unavailable, brief
 
-OPENAI_PREFIX = "/v1/"
-KSERVE_PREFIX = "/v2/"
-COHERE_V2 = ("/v2/rerank", "/v2/embed")  # Cohere's (and Jina's) routes under KServe's prefix
+HOSTED_PREFIX = "/v1/"
+HOSTED_PATHS = frozenset({"/embeddings", "/score", "/v2/rerank", "/v2/embed"})
 
 
 class Dialect(Enum):
-    KSERVE = "kserve"
-    OPENAI = "openai"
-    OURS = "ours"
+    BARE = "bare"
+    HOSTED = "hosted"
 
     @property
     def error_schema(self) -> type[BaseModel]:
         """The schema of its error answers, for the OpenAPI document."""
-        schemas: dict[Dialect, type[BaseModel]] = {
-            Dialect.KSERVE: V2ErrorBody,
-            Dialect.OPENAI: OpenAIError,
-        }
-        return schemas.get(self, ErrorBody)
+        return HostedError if self is Dialect.HOSTED else ErrorBody
 
 
 def dialect_of(path: str) -> Dialect:
     """The dialect of the route at `path`."""
-    if path.startswith(KSERVE_PREFIX) and path not in COHERE_V2:
-        return Dialect.KSERVE
-    if path.startswith(OPENAI_PREFIX):
-        return Dialect.OPENAI
-    return Dialect.OURS
+    hosted = path.startswith(HOSTED_PREFIX) or path in HOSTED_PATHS
+    return Dialect.HOSTED if hosted else Dialect.BARE
 
 
 def error_body(error: BucketserveError, path: str) -> dict[str, Any]:
     """`error` as the route at `path` answers errors (its dialect's form)."""
-    dialect = dialect_of(path)
-    if dialect is Dialect.KSERVE:
-        return {"error": brief(error.message), "code": error.code}
-    detail: dict[str, Any] = error_form(error.code, error.message)["error"]
-    if dialect is Dialect.OPENAI:
-        kind = "server_error" if error.status >= 500 else "invalid_request_error"
-        detail |= {"type": kind, "param": error.param}
-    return {"error": detail}
+    message = brief(error.message)
+    if dialect_of(path) is Dialect.BARE:
+        return {"error": message, "error_type": kind_of(error), "code": error.code}
+    kind = "server_error" if error.status >= 500 else "invalid_request_error"
+    detail = {"code": error.code, "message": message, "type": kind, "param": error.param}
+    return {"error": detail, "message": message, "detail": message}
+
+
+def kind_of(error: BucketserveError) -> str:
+    """text-embeddings-inference's `error_type` of `error`: what its clients show."""
+    if isinstance(error, ModelNotReady):
+        return "Unhealthy"
+    if isinstance(error, Unavailable):  # (queue full, draining, connections: retry)
+        return "Overloaded"
+    return "Validation" if error.status < 500 else "Backend"
 
 
 def errors(dialect: Dialect, *statuses: int) -> dict[int | str, dict[str, Any]]:

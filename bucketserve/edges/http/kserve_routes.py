@@ -139,7 +139,7 @@ async def server_metadata(request: Request) -> Response:
     "",
     summary="Model metadata",
     response_model=ModelMetadata,
-    responses=errors(Dialect.KSERVE, 404, 422, 503),
+    responses=errors(Dialect.BARE, 404, 422, 503),
 )
 async def model_metadata(request: Request, name: str, version: str | None) -> Response:
     model = _model(request, name, version)
@@ -151,7 +151,7 @@ async def model_metadata(request: Request, name: str, version: str | None) -> Re
     "/config",
     summary="Model configuration, as served",
     response_model=dict[str, Any],
-    responses=errors(Dialect.KSERVE, 404, 422),
+    responses=errors(Dialect.BARE, 404, 422),
 )
 async def model_config(request: Request, name: str, version: str | None) -> Response:
     """The model's config.toml with fitted edges, overrides and what load found applied (load
@@ -181,7 +181,7 @@ async def model_config(request: Request, name: str, version: str | None) -> Resp
     summary="Model readiness",
     response_model=ModelReady,
     responses={
-        **errors(Dialect.KSERVE, 404, 422),
+        **errors(Dialect.BARE, 404, 422),
         503: {"model": ModelReady, "description": "draining, or it did not load (with why)"},
     },
 )
@@ -209,7 +209,7 @@ async def repository_index(request: Request) -> Response:
     "/repository/models/{name}/load",
     summary="Load a model, or replace it, while serving (--model-control explicit or poll)",
     response_model=dict[str, Any],
-    responses=errors(Dialect.KSERVE, 400, 403, 413, 415),
+    responses=errors(Dialect.BARE, 400, 403, 413, 415),
 )
 async def repository_load(request: Request, name: str) -> Response:
     """Every version the model's config serves, built and checked beside what is served,
@@ -224,7 +224,7 @@ async def repository_load(request: Request, name: str) -> Response:
     "/repository/models/{name}/unload",
     summary="Unload a model while serving (--model-control explicit or poll)",
     response_model=dict[str, Any],
-    responses=errors(Dialect.KSERVE, 400, 403, 413, 415),
+    responses=errors(Dialect.BARE, 400, 403, 413, 415),
 )
 async def repository_unload(request: Request, name: str) -> Response:
     await _parameters(request, allowed=UNLOAD_PARAMETERS)
@@ -274,7 +274,7 @@ INFER_CONTRACT = {
     response_model=InferResponse,
     responses={
         200: {"content": {BINARY: BINARY_BODY}, "description": "outputs (JSON, or binary)"},
-        **errors(Dialect.KSERVE, 400, 404, 413, 415, 422, 503, 504),
+        **errors(Dialect.BARE, 400, 404, 413, 415, 422, 503, 504),
     },
     openapi_extra=INFER_CONTRACT,
 )

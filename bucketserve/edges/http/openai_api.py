@@ -200,7 +200,7 @@ def encoded(vector: np.ndarray, encoding: str) -> str | np.ndarray:
 @router.post(
     "/embeddings",
     response_model=EmbeddingsResponse,
-    responses=errors(Dialect.OPENAI, 400, 404, 413, 415, 422, 503, 504),
+    responses=errors(Dialect.HOSTED, 400, 404, 413, 415, 422, 503, 504),
     openapi_extra={
         "requestBody": {"required": True, "content": {JSON: {"schema": inlined(EmbeddingsBody)}}},
         "parameters": [TIMEOUT_PARAMETER, PRIORITY_PARAMETER],
@@ -255,7 +255,7 @@ async def models(request: Request) -> Response:
 @router.get(
     "/models/{name}",
     response_model=ModelCard,
-    responses=errors(Dialect.OPENAI, 400, 404, 422, 503),
+    responses=errors(Dialect.HOSTED, 400, 404, 422, 503),
     summary="One model that embeds, reranks or classifies",
 )
 async def model(request: Request, name: str) -> Response:

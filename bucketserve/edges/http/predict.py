@@ -132,7 +132,7 @@ def parse_predict(raw: bytes, steps: int, values: int | None = None) -> Predict:
 @router.post(
     "/predict",
     response_model=PredictResponse,
-    responses=errors(Dialect.OURS, 400, 404, 413, 415, 422, 503, 504),
+    responses=errors(Dialect.BARE, 400, 404, 413, 415, 422, 503, 504),
     openapi_extra={
         "requestBody": {
             "required": True,

@@ -37,36 +37,31 @@ def validate(schema: type[Strict], body: Any, where: str) -> Any:
 # -- errors ---------------------------------------------------------------------------------
 
 
-class ErrorDetail(BaseModel):
+class ErrorBody(BaseModel):
+    """An error on the bare paths and KServe v2's: text-embeddings-inference's form (and
+    KServe's: its `error`), with our code."""
+
+    error: str = Field(description="what is wrong, for people")
+    error_type: Literal["Validation", "Overloaded", "Unhealthy", "Backend"] = Field(
+        description="text-embeddings-inference's kind of error"
+    )
+    code: str = Field(description="stable machine-readable name, e.g. invalid_input")
+
+
+class HostedErrorDetail(BaseModel):
     code: str = Field(description="stable machine-readable name, e.g. invalid_input")
     message: str = Field(description="what is wrong, for people")
-
-
-class ErrorBody(BaseModel):
-    """Every error answer, whatever the status, but on KServe v2's and OpenAI's routes."""
-
-    error: ErrorDetail
-
-
-class OpenAIErrorDetail(BaseModel):
-    code: str
-    message: str
-    type: str = Field(description="invalid_request_error, or server_error")
+    type: Literal["invalid_request_error", "server_error"]
     param: str | None = Field(description="the field at fault, where there is one")
 
 
-class OpenAIError(BaseModel):
-    """An error on OpenAI's routes: the one error form, with the fields its SDKs read."""
+class HostedError(BaseModel):
+    """An error on the hosted APIs' paths: OpenAI's form, with Cohere's `message` and Jina's
+    `detail` beside it."""
 
-    error: OpenAIErrorDetail
-
-
-class V2ErrorBody(BaseModel):
-    """An error on KServe v2's routes, in the protocol's own form (which tritonclient and
-    KServe's clients read), with our code beside the message."""
-
-    error: str = Field(description="what is wrong, for people")
-    code: str = Field(description="stable machine-readable name, e.g. invalid_input")
+    error: HostedErrorDetail
+    message: str
+    detail: str
 
 
 # -- KServe v2 ------------------------------------------------------------------------------
