@@ -154,7 +154,6 @@ async def test_dimensions_honoured_where_the_config_allows_them(served: Any) -> 
         ),
         ({"model": ST, "input": "x", "dimensions": 0}, 400, "malformed", "dimensions"),
         ({"model": ST, "input": "x", "user": 7}, 400, "malformed", "user"),
-        ({"model": ST, "input": "x", "temperature": 1}, 400, "malformed", "temperature"),
     ],
 )
 async def test_errors_come_in_openais_form(
@@ -171,6 +170,22 @@ async def test_errors_come_in_openais_form(
         "param": param,
     }
     assert error["message"]
+
+
+async def test_fields_the_servers_it_stands_in_for_ignore_are_ignored_and_said(
+    served: Any,
+) -> None:
+    """TEI, vLLM and Infinity serve this route and ignore fields they do not take: so does
+    this server, saying which in X-Ignored-Fields (escaped: a header holds any name sent)."""
+    _, client, _ = served
+    plain = await client.post("/v1/embeddings", json={"model": ST, "input": "x"})
+    odd = {"temperature": 1, "truncate_prompt_tokens": 3, "f\u00e9\n\u4e2d": 1}
+    extra = await client.post("/v1/embeddings", json={"model": ST, "input": "x"} | odd)
+    assert extra.status_code == 200, extra.text
+    assert extra.json()["data"] == plain.json()["data"]
+    said = "'f\\xe9\\n\\u4e2d', 'temperature', 'truncate_prompt_tokens'"
+    assert extra.headers["x-ignored-fields"] == said
+    assert "x-ignored-fields" not in plain.headers
 
 
 async def test_a_body_that_is_not_json_or_too_large(served: Any) -> None:

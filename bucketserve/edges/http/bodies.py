@@ -12,13 +12,13 @@ from pydantic import Field, StrictBool, StrictStr
 
 from bucketserve.core.calls import Texts
 from bucketserve.core.model import Truncation
-from bucketserve.edges.http.schemas import Strict
+from bucketserve.edges.http.schemas import Lenient
 from bucketserve.errors import InvalidInput
 
 Text = Annotated[StrictStr, Field(min_length=1)]
 
 
-class TextOptions(Strict):
+class TextOptions(Lenient):
     model: StrictStr | None = Field(
         None, min_length=1, description="default: the default model, or the one that does this"
     )

@@ -26,7 +26,7 @@ from bucketserve.edges.http.common import (
     json_response,
     request_id,
 )
-from bucketserve.edges.http.schemas import Integer, Positive, Strict
+from bucketserve.edges.http.schemas import Integer, Lenient, Positive
 from bucketserve.edges.http.task_call import body_of, post, run
 from bucketserve.errors import InvalidInput, quoted
 
@@ -35,8 +35,9 @@ router = APIRouter(tags=["Cohere"])
 CUTS = {"END": Truncation(), "START": Truncation(left=True), "NONE": Truncation(allowed=False)}
 
 
-class EmbedBody(Strict):
-    """Cohere's embed (its SDKs' fields; those that do not apply to text are refused)."""
+class EmbedBody(Lenient):
+    """Cohere's embed (its SDKs' fields; an embedding type other than floats is refused, and
+    the fields that do not apply here are ignored and said)."""
 
     model: StrictStr | None = Field(None, min_length=1)
     texts: list[Annotated[StrictStr, Field(min_length=1)]] = Field(min_length=1)
@@ -48,7 +49,6 @@ class EmbedBody(Strict):
     )
     truncate: Literal["NONE", "START", "END"] = Field("END", description="how a long text is cut")
     output_dimension: Positive | None = Field(None, description="cut the vector to this width")
-    max_tokens: Integer | None = Field(None, description="accepted and ignored")
     priority: Integer | None = Field(
         None, description="the server's priority level: 1 first; 0 or none, the default"
     )
@@ -88,9 +88,9 @@ async def embed_v2(request: Request) -> Response:
 Document = Annotated[dict[str, Any], Field(min_length=1)]  # Cohere's: fields beside its text
 
 
-class RerankBody(Strict):
+class RerankBody(Lenient):
     """Cohere's and Jina's rerank (their SDKs' fields; the ones they also send and that do not
-    apply here are accepted and ignored)."""
+    apply here, `max_tokens_per_doc` among them, are ignored and said)."""
 
     model: StrictStr | None = Field(None, min_length=1)
     query: Text
@@ -103,9 +103,6 @@ class RerankBody(Strict):
         description="the fields of a document object it is ranked by, in order (default: "
         "text); two or more are read as one text of `field: value` lines",
     )
-    max_chunks_per_doc: Integer | None = Field(None, description="accepted and ignored")
-    max_tokens_per_doc: Integer | None = Field(None, description="accepted and ignored")
-    relevant_spans: dict[str, Any] | None = Field(None, description="accepted and ignored")
     priority: Integer | None = Field(
         None, description="the server's priority level: 1 first; 0 or none, the default"
     )

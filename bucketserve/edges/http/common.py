@@ -20,6 +20,7 @@ from bucketserve.control import Control
 from bucketserve.core.calls import OFF_LOOP_BYTES, Call, Inputs
 from bucketserve.core.engine import Engine
 from bucketserve.edges.auth import ApiKeys
+from bucketserve.edges.http.context import NOTES
 from bucketserve.edges.http.dialects import error_body
 from bucketserve.edges.kserve import level_of
 from bucketserve.edges.limits import Budget, Limits
@@ -82,6 +83,12 @@ def limits_of(request: Request) -> Limits:
 def control_of(request: Request) -> Control:
     control: Control = request.app.state.control
     return control
+
+
+def note(request: Request, header: str, value: str) -> None:
+    """Say `value` in the answer's `header`, whatever the answer (`context` writes it)."""
+    notes: dict[str, str] = request.scope.setdefault("state", {}).setdefault(NOTES, {})
+    notes[header] = value
 
 
 def request_id(request: Request) -> str:

@@ -1,4 +1,5 @@
-"""Per-request context as plain ASGI middleware: X-Request-Id, the request metrics, the
+"""Per-request context as plain ASGI middleware: X-Request-Id, the headers a route noted for its
+answer (`common.note`), the request metrics, the
 request's span (continuing a `traceparent` header, when tracing is on), and
 `Connection: close` on every response once the server drains (so that a client leaves between
 requests, and no connection is closed under it).
@@ -20,6 +21,8 @@ from bucketserve.metrics import Metrics
 from bucketserve.tracing import Tracing
 
 REQUEST_ID = "x-request-id"
+# A request state's key: the headers a route noted for its answer (`common.note`).
+NOTES = "notes"
 
 
 class RequestContext:
@@ -51,6 +54,8 @@ class RequestContext:
                 status = message["status"]
                 headers = MutableHeaders(scope=message)
                 headers[REQUEST_ID] = request_id
+                for header, value in scope["state"].get(NOTES, {}).items():
+                    headers[header] = value
                 if self.draining():
                     headers["connection"] = "close"
             await send(message)

@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal
 
 import numpy as np
 from fastapi import APIRouter, Request, Response
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError
+from pydantic import BaseModel, Field, StrictBool, StrictStr, ValidationError
 
 from bucketserve.core.calls import Inputs, Sequences, Texts
 from bucketserve.core.heads import not_served
@@ -38,7 +38,8 @@ from bucketserve.edges.http.common import (
     unless_client_leaves,
 )
 from bucketserve.edges.http.dialects import Dialect, errors
-from bucketserve.edges.http.schemas import Integer, Positive, inlined, is_integer
+from bucketserve.edges.http.schemas import Integer, Lenient, Positive, inlined, is_integer
+from bucketserve.edges.http.task_call import said_ignored
 from bucketserve.errors import BucketserveError, InvalidInput, MalformedRequest
 
 router = APIRouter(prefix="/v1", tags=["OpenAI"])
@@ -48,10 +49,10 @@ STARTED = int(time.time())  # `created` of every model: when this server loaded 
 Ids = Annotated[list[Integer], Field(min_length=1)]
 
 
-class EmbeddingsBody(BaseModel):
-    """The request, as OpenAI documents it (strict: no number where a string goes)."""
+class EmbeddingsBody(Lenient):
+    """The request, as OpenAI documents it (strict: no number where a string goes; the fields
+    of the servers that copy it that do not apply here are ignored and said)."""
 
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
     input: (
         StrictStr
         | Annotated[list[StrictStr], Field(min_length=1)]
@@ -210,6 +211,8 @@ def encoded(vector: np.ndarray, encoding: str) -> str | np.ndarray:
 async def embeddings(request: Request) -> Response:
     engine = engine_of(request)
     body: EmbeddingsBody = await read_json(request, limits_of(request).json(), parse_embeddings)
+    if body.ignored:
+        said_ignored(request, body.ignored)
     inputs = inputs_of(body, request.state.body_bytes, engine.settings.openai_token_ids)
     call = call_of(request, inputs, body.model, head=Embed(body.dimensions))
     with blamed("input"):  # (unless the error names its own field: model, dimensions)

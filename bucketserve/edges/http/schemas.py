@@ -3,7 +3,8 @@
 Pydantic at the edge: a body either validates (strict types: no fraction where an integer goes,
 though 2.0 is 2 as JSON Schema says; no string where a boolean goes; no unknown fields) or is
 refused with a 400 in the error form below. The same classes write the OpenAPI document, so the
-contract and the parser are one.
+contract and the parser are one. A body in another server's shape (`Lenient`) ignores the
+fields that server ignores, and says which.
 """
 
 from __future__ import annotations
@@ -22,7 +23,19 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
-def validate(schema: type[Strict], body: Any, where: str) -> Any:
+class Lenient(BaseModel):
+    """A body in another server's shape: strict types, and the fields that server ignores are
+    ignored here too, never silently (`ignored` names them, and the answer says so)."""
+
+    model_config = ConfigDict(extra="allow", strict=True, frozen=True)
+
+    @property
+    def ignored(self) -> list[str]:
+        """The fields sent that the body does not have."""
+        return sorted(self.model_extra or {})
+
+
+def validate(schema: type[BaseModel], body: Any, where: str) -> Any:
     """`body` as `schema`, or MalformedRequest naming the first fields that are wrong."""
     try:
         return schema.model_validate(body)

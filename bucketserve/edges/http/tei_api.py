@@ -29,7 +29,7 @@ from bucketserve.edges.http.bodies import (
     refuse_prompt_for_pairs,
 )
 from bucketserve.edges.http.common import json_response
-from bucketserve.edges.http.schemas import Integer, Positive, Strict
+from bucketserve.edges.http.schemas import Integer, Lenient, Positive
 from bucketserve.edges.http.task_call import READ, body_of, post, run
 
 router = APIRouter(tags=["text-embeddings-inference"])
@@ -48,13 +48,13 @@ class SparseBody(TextsBody):
     top_k: Positive | None = Field(None, description="the largest this many weights of each")
 
 
-class TokenizeBody(Strict):
+class TokenizeBody(Lenient):
     model: StrictStr | None = Field(None, min_length=1)
     inputs: Text | Annotated[list[Text], Field(min_length=1)]
     add_special_tokens: StrictBool = True
 
 
-class DecodeBody(Strict):
+class DecodeBody(Lenient):
     model: StrictStr | None = Field(None, min_length=1)
     ids: list[Integer] | Annotated[list[list[Integer]], Field(min_length=1)]
     skip_special_tokens: StrictBool = True
