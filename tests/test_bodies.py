@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from bucketserve.edges import kserve
 from bucketserve.edges.http import common
 from bucketserve.edges.http.common import outside_strings, parse_json
-from bucketserve.edges.http.openai_api import check_input, parse_embeddings
+from bucketserve.edges.http.openai_api import check_input, read_embeddings
 from bucketserve.edges.limits import Limits
 from bucketserve.errors import MalformedRequest
 from tests.engines import make_engine, serving
@@ -42,7 +42,7 @@ def test_more_values_than_a_request_holds_are_refused_before_they_are_made(
     body = orjson.dumps({"model": "m", "input": [[0.5] * 100] * 2_500})  # 1 MB, 250,000 floats
     monkeypatch.setattr(common.orjson, "loads", None)  # (parsing it would raise TypeError)
     with pytest.raises(MalformedRequest, match=r"holds 250000 values, more than the 67136 that"):
-        parse_embeddings(body, BUDGET.steps, BUDGET.values)
+        read_embeddings(parse_json(body, BUDGET.steps, BUDGET.values))
 
 
 def test_a_body_of_short_strings_is_refused_in_a_few_times_its_size() -> None:
@@ -82,9 +82,9 @@ def test_marks_outside_strings_are_counted_as_json_reads_them(value: object) -> 
 
 def test_the_most_token_ids_and_texts_a_request_holds_are_parsed() -> None:
     ids = orjson.dumps({"model": "m", "input": [[7] * 256] * 256})  # STEPS ids in all
-    assert len(parse_embeddings(ids, BUDGET.steps, BUDGET.values).input) == 256
+    assert len(read_embeddings(parse_json(ids, BUDGET.steps, BUDGET.values)).input) == 256
     texts = orjson.dumps({"model": "m", "input": ["a, b, c, " * 5_000] * 256})  # commas: text
-    assert len(parse_embeddings(texts, BUDGET.steps, BUDGET.values).input) == 256
+    assert len(read_embeddings(parse_json(texts, BUDGET.steps, BUDGET.values)).input) == 256
 
 
 def test_brackets_inside_texts_are_text() -> None:

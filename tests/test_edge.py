@@ -110,13 +110,13 @@ async def test_a_large_body_is_decoded_off_the_event_loop(
     from bucketserve.edges.http import predict
 
     threads: list[threading.Thread] = []
-    parse = predict.parse_predict
+    read = predict.read_predict
 
     def recording(*args: Any) -> Any:
         threads.append(threading.current_thread())
-        return parse(*args)
+        return read(*args)
 
-    monkeypatch.setattr(predict, "parse_predict", recording)
+    monkeypatch.setattr(predict, "read_predict", recording)
     model, _ = fake_model()
     engine = Engine(Registry({model.name: model}, model.name), Settings())
     raw = b'{"sequences": [[7, 7, 7]]' + b" " * padding + b"}"  # whitespace: large, cheap

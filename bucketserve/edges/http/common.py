@@ -219,16 +219,21 @@ def _collector_paused() -> Iterator[None]:
 
 
 async def read_json(
-    request: Request,
-    budget: Budget,
-    parse: Callable[..., T] = parse_json,
+    request: Request, budget: Budget, read: Callable[[Any, int], T] = lambda body, _: body
 ) -> T:
     """The one way a route reads a JSON body: its bytes within the budget's (413 past them),
-    then `parse(raw, steps, values)` within its steps and values (off the loop if large).
-    Its size stays in `request.state.body_bytes` (what decoding its inputs will cost)."""
-    raw = await read_body(request, budget.bytes)
-    request.state.body_bytes = len(raw)
-    return await off_loop(parse, raw, budget.steps, budget.values)
+    parsed within its steps and values (`parse_json`) once a request (a path several
+    servers' bodies share reads it to tell them apart, then hands it to the route of its
+    shape), then `read(body, its bytes)` (what decoding its inputs will cost); both off the
+    loop for a large body."""
+    state = request.state
+    if not hasattr(state, "body_json"):
+        raw = await read_body(request, budget.bytes)
+        state.body_bytes = len(raw)
+        state.body_json = await off_loop(parse_json, raw, budget.steps, budget.values)
+    if state.body_bytes < OFF_LOOP_BYTES:
+        return read(state.body_json, state.body_bytes)
+    return await asyncio.to_thread(read, state.body_json, state.body_bytes)
 
 
 def json_response(

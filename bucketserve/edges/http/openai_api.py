@@ -33,7 +33,6 @@ from bucketserve.edges.http.common import (
     engine_of,
     json_response,
     limits_of,
-    parse_json,
     read_json,
     unless_client_leaves,
 )
@@ -146,11 +145,8 @@ def _ids(value: Any) -> bool:
     return isinstance(value, list) and bool(value) and all(map(is_integer, value))
 
 
-def parse_embeddings(raw: bytes, steps: int = 0, values: int | None = None) -> EmbeddingsBody:
-    """The body, every mistake of its form a 400 naming the field (`param`). `steps`,
-    `values`: what `parse_json` bounds the JSON by (its values are token ids or texts, and a
-    few fields)."""
-    body = parse_json(raw, steps, values)
+def read_embeddings(body: Any, wire_bytes: int = 0) -> EmbeddingsBody:
+    """The body, every mistake of its form a 400 naming the field (`param`)."""
     if isinstance(body, dict) and "input" in body:
         check_input(body["input"])
     try:
@@ -210,7 +206,7 @@ def encoded(vector: np.ndarray, encoding: str) -> str | np.ndarray:
 )
 async def embeddings(request: Request) -> Response:
     engine = engine_of(request)
-    body: EmbeddingsBody = await read_json(request, limits_of(request).json(), parse_embeddings)
+    body: EmbeddingsBody = await read_json(request, limits_of(request).json(), read_embeddings)
     if body.ignored:
         said_ignored(request, body.ignored)
     inputs = inputs_of(body, request.state.body_bytes, engine.settings.openai_token_ids)

@@ -19,7 +19,6 @@ from bucketserve.edges.http.common import (
     engine_of,
     json_response,
     limits_of,
-    parse_json,
     read_json,
     unless_client_leaves,
 )
@@ -85,11 +84,10 @@ class Predict:
     priority: int | None
 
 
-def parse_predict(raw: bytes, steps: int, values: int | None = None) -> Predict:
+def read_predict(body: Any, wire_bytes: int) -> Predict:
     """The body's model, inputs, outputs and priority, every mistake of its form named before
-    the core takes it (what the model makes of them, the core decides). `steps`, `values`:
-    what `parse_json` bounds the JSON by."""
-    body = parse_json(raw, steps, values)
+    the core takes it (what the model makes of them, the core decides). `wire_bytes`: the
+    body's size (what decoding its inputs will cost)."""
     if not isinstance(body, dict):
         raise MalformedRequest("body must be a JSON object")
     unknown = set(body) - FIELDS
@@ -126,7 +124,7 @@ def parse_predict(raw: bytes, steps: int, values: int | None = None) -> Predict:
         return Predict(name, texts, wanted, priority)
     if {"truncate", "truncation_direction"} & set(body):
         raise InvalidInput("'truncate' and 'truncation_direction' apply to 'text'")
-    return Predict(name, Sequences(items, len(raw)), wanted, priority)
+    return Predict(name, Sequences(items, wire_bytes), wanted, priority)
 
 
 @router.post(
@@ -147,7 +145,7 @@ async def predict(request: Request) -> Response:
     # (a step of the widest model's is that many numbers: the most a request may carry)
     widest = max((math.prod(m.info.rules.step_shape) for m in engine.registry.models.values()),
                  default=1)  # fmt: skip
-    body: Predict = await read_json(request, limits_of(request).json(widest), parse_predict)
+    body: Predict = await read_json(request, limits_of(request).json(widest), read_predict)
     call = call_of(request, body.inputs, body.model, outputs=body.outputs, priority=body.priority)
     answer = await unless_client_leaves(request, engine.infer(call))
     return json_response({"model": answer.model.name, "outputs": answer.outputs})
