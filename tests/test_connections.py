@@ -86,8 +86,10 @@ def test_slow_and_silent_clients_are_cut_off(models: Path) -> None:
 
 def test_a_request_uvicorn_cannot_parse_gets_its_routes_error_form(models: Path) -> None:
     """A refusal by the connection layer comes in the error form of the route the request
-    named: ours, OpenAI's on /v1 (its SDKs read `type`), KServe v2's on /v2 (a string)."""
+    named: TEI's on our own paths (`error` a string, `error_type`), OpenAI's on /v1 (its SDKs
+    read `type`), KServe v2's on /v2 (a string)."""
     forms = {}
+    bodies = {}
     with server_process(models) as (_, url, _log):
         for path in ("/predict", "/v1/embeddings", "/v2/models/tiny-encoder/infer"):
             sock = connect(url)
@@ -99,8 +101,10 @@ def test_a_request_uvicorn_cannot_parse_gets_its_routes_error_form(models: Path)
             assert head.startswith(b"HTTP/1.1 400")
             assert b"content-type: application/json" in head.lower()
             assert error_of(json.loads(body))[0] == "malformed"
-            forms[path] = json.loads(body)["error"]
-    assert set(forms["/predict"]) == {"code", "message"}
+            bodies[path] = json.loads(body)
+            forms[path] = bodies[path]["error"]
+    assert isinstance(forms["/predict"], str)
+    assert bodies["/predict"]["error_type"] == "Validation"
     assert forms["/v1/embeddings"]["type"] == "invalid_request_error"
     assert isinstance(forms["/v2/models/tiny-encoder/infer"], str)
 
