@@ -24,7 +24,7 @@ from typing import Protocol
 from bucketserve.core.engine import Engine
 from bucketserve.core.model import Model
 from bucketserve.core.registry import check_name
-from bucketserve.errors import LoadFailed, ModelControlOff, Unavailable
+from bucketserve.errors import ConfigError, LoadFailed, ModelControlOff, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -91,9 +91,12 @@ class Control:
             if self.engine.draining:  # (it began while the model was building)
                 log.info("model %s: loaded during the drain, so not served", name)
                 raise Unavailable(f"the server began draining while model {name} loaded")
+            try:  # (put, then run: no request runs between the two, both being synchronous)
+                replaced = self.engine.registry.put(name, loaded)
+            except ConfigError as clash:  # (an alias another model answers to)
+                raise LoadFailed(f"model {name} did not load: {clash.message}") from None
             for model in loaded.values():
                 self.engine.run(model)
-            replaced = self.engine.registry.put(name, loaded)
             log.info("model %s: versions %s loaded", name, sorted(loaded))
             self._retire_later(replaced)
 

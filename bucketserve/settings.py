@@ -51,6 +51,15 @@ class Settings:
         default=None,
         metadata={"help": "model for requests that name none (default: the repository's choice)"},
     )
+    served_model_name: str | None = field(
+        default=None,
+        metadata={
+            "help": "other names models answer to, as text-embeddings-inference's flag names "
+            "its model: ALIAS=MODEL, comma-separated (ALIAS alone: the default model), so that "
+            "a client sending a vendor's default name works unchanged (a model's config may "
+            "name its own: aliases = [...])"
+        },
+    )
     request_timeout_ms: int = field(
         default=30_000,
         metadata={"help": "deadline of a request; X-Request-Timeout-Ms can only shorten it"},
@@ -160,6 +169,14 @@ class Settings:
         metadata={
             "help": "serve interactive API docs at /docs, their assets from this server (the "
             "docs extra); the OpenAPI document is always at /openapi.json"
+        },
+    )
+    auto_truncate: bool = field(
+        default=True,
+        metadata={
+            "help": "cut a text longer than the model takes where the request does not say "
+            "(`truncate` left out, as text-embeddings-inference's --auto-truncate); off: such "
+            "a text is refused (422) unless the request asks for the cut"
         },
     )
     openai_token_ids: bool = field(

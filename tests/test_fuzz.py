@@ -67,6 +67,14 @@ OPERATIONS = [
     "POST /decode",
     "POST /v1/embed",
     "POST /v2/embed",
+    "POST /embed",
+    "POST /similarity",
+    "GET /info",
+    "GET /health",
+    "GET /ping",
+    "GET /",
+    "POST /",
+    "POST /invocations",
 ]
 # the routes with a body of their own to break (the repository's index has none)
 BODIES = [

@@ -145,14 +145,14 @@ async def test_dimensions_honoured_where_the_config_allows_them(served: Any) -> 
         ({"model": ST, "input": ["a", 1]}, 400, "malformed", "input"),
         ({"model": ST, "input": [1.5]}, 400, "malformed", "input"),
         ({"model": ST, "input": [True]}, 400, "malformed", "input"),
-        ({"input": "x"}, 400, "malformed", "model"),
         (
             {"model": ST, "input": "x", "encoding_format": "int8"},
             400,
             "malformed",
             "encoding_format",
         ),
-        ({"model": ST, "input": "x", "dimensions": 0}, 400, "malformed", "dimensions"),
+        ({"model": ST, "input": "x", "dimensions": -1}, 400, "malformed", "dimensions"),
+        ({"model": ST, "input": "x", "modality": "image"}, 400, "malformed", "modality"),
         ({"model": ST, "input": "x", "user": 7}, 400, "malformed", "user"),
     ],
 )

@@ -544,8 +544,8 @@ LONG = " ".join(["bucket"] * (MAX_POSITIONS + 10))
         ("/v1/rerank", {"query": QUERY, "documents": []}, 400, "documents"),
         ("/v1/rerank", {"query": "", "documents": ["a"]}, 400, "query"),
         ("/v1/rerank", {"query": QUERY, "documents": ["a"] * 65}, 422, "too many sequences: 65"),
-        ("/v1/rerank", {"query": QUERY, "documents": ["a", "b"], "top_n": 3}, 422, "top_n 3 is"),
-        ("/rerank", {"query": QUERY, "texts": ["a", LONG]}, 422, "text 1: longer than the model"),
+        ("/rerank", {"query": QUERY, "texts": ["a", LONG], "truncate": False}, 422,
+         "text 1: longer than the model"),
         ("/v1/rerank", {"model": "sentiment", "query": QUERY, "documents": ["a"]}, 400,
          "does not rerank: its [classifier] names no rerank_label (it serves predict, classify, "
          "tokenize)"),
@@ -553,7 +553,7 @@ LONG = " ".join(["bucket"] * (MAX_POSITIONS + 10))
         ("/classify", {"model": "sentiment", "inputs": [["a"], ["b", "c"]]}, 422, "not both"),
         ("/decode", {"model": "sentiment", "ids": [1, 10**6]}, 422, "is not a token id"),
     ],
-    ids=["no-documents", "empty-query", "too-many", "top-n", "too-long", "not-a-reranker",
+    ids=["no-documents", "empty-query", "too-many", "too-long", "not-a-reranker",
          "not-a-classifier", "mixed", "foreign-id"],
 )  # fmt: skip
 async def test_bad_input_is_refused_in_the_routes_form(

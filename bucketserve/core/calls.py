@@ -158,6 +158,9 @@ class Call:
     head: Head | None = None  # the task that answers from the outputs (None: the outputs)
     priority: int | None = None  # its level, 1 first (None or 0: the server's default)
     tenant: str = ""  # whose share of the model it uses ("" when tenancy is off)
+    # a route standing in for a server that ignores model names (TEI): a name the registry
+    # does not know goes to the one model that serves the task, and the answer says so
+    stand_in: bool = False
 
 
 @dataclass(frozen=True)
@@ -168,3 +171,4 @@ class Answer:
     model: Model
     outputs: list[Outputs]
     lengths: list[int]
+    stood_in_for: str | None = None  # the unknown name the call gave (`Call.stand_in`)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import time
@@ -239,10 +240,13 @@ class Engine:
     async def infer(self, call: Call) -> Answer:
         """Decide and run one request, in the order of the module docstring."""
         task = call.head.task if call.head is not None else Task.PREDICT
-        model = self.registry.resolve(call.model, call.version, task)
+        model = self.registry.resolve(call.model, call.version, task, call.stand_in)
         served = self._served[model]
         with served.scheduler.using():
-            return await self._infer(call, model, served)
+            answer = await self._infer(call, model, served)
+        if call.stand_in and call.model is not None and not self.registry.knows(call.model):
+            return dataclasses.replace(answer, stood_in_for=call.model)
+        return answer
 
     async def _infer(self, call: Call, model: Model, served: Running) -> Answer:
         """The request on the model it resolved to, which stays running until it is done."""

@@ -30,15 +30,19 @@ class Classifier:
     activation: Activation
     rerank_label: int | None = None
 
-    def scores(self, logits: np.ndarray, raw: bool = False) -> np.ndarray:
+    def scores(
+        self, logits: np.ndarray, raw: bool = False, activation: Activation | None = None
+    ) -> np.ndarray:
         """Logits over the labels (the last axis: one row of a sequence, or one per token) ->
-        scores, float32 (`raw`: the logits as they are)."""
+        scores, float32 (`raw`: the logits as they are; `activation`: the request's, where
+        it names one: Hugging Face's `function_to_apply`)."""
         rows = np.asarray(logits, np.float32)
         rows = rows.reshape(-1) if rows.ndim < 2 else rows
-        if raw or self.activation is Activation.NONE:
+        applied = activation or self.activation
+        if raw or applied is Activation.NONE:
             return rows
         wide = rows.astype(np.float64)
-        if self.activation is Activation.SIGMOID:
+        if applied is Activation.SIGMOID:
             return np.asarray(1 / (1 + np.exp(-wide)), np.float32)
         shifted = np.exp(wide - wide.max(axis=-1, keepdims=True))
         return np.asarray(shifted / shifted.sum(axis=-1, keepdims=True), np.float32)

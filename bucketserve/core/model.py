@@ -173,6 +173,7 @@ class ModelInfo:
     # the config's section: an Embedding, a Classifier...; True where the task needs none)
     task_rules: Mapping[Task, Any] = field(default_factory=dict)
     prompts: Mapping[str, str] = field(default_factory=dict)  # name -> text put before a text
+    aliases: tuple[str, ...] = ()  # other names it answers to (its config's `aliases`)
 
     def prompt(self, name: str | None) -> str:
         """The text put before each of a request's texts for `prompt_name` (None: none)."""

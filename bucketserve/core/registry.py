@@ -6,7 +6,9 @@ Every edge asks it (readiness, metadata, the repository index); the engine resol
 model through it; model control changes it (`put`, `remove`), with names it has checked
 (`check_name`: what a model's name may be). It holds no scheduler and starts
 nothing: what runs is the engine's. A call without a model goes to one that serves its task
-(`for_task`). Imports only the model, the tasks and the errors below it.
+(`for_task`). A model also answers to its aliases (its config's, and the operator's); a call
+whose route stands in for a server that ignores model names may name one it does not know
+(`resolve`'s `stand_in`). Imports only the model, the tasks and the errors below it.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from enum import Enum
 from bucketserve.core.model import Model
 from bucketserve.core.task import Task
 from bucketserve.errors import (
+    ConfigError,
     MalformedRequest,
     ModelNotFound,
     ModelNotReady,
@@ -75,12 +78,16 @@ class Registry:
         default_model: str | None = None,
         failed: Mapping[str, str] | None = None,
         unbuilt: Mapping[str, str] | None = None,
+        aliases: Mapping[str, str] | None = None,
     ) -> None:
         """`models`: each name's model, or its versions by number. `failed`: models of the
         repository that did not load, and why (reported, never served). `unbuilt`: on-demand
         models not built yet, and the recipe that builds each. `default_model`: the model of a
-        request that names none."""
+        request that names none. `aliases`: the operator's other names of models (alias ->
+        name), beside those each model's config gives it; ConfigError where two claim one."""
         self.default_model = default_model
+        self._operators = dict(aliases or {})
+        self._aliases: dict[str, str] = {}  # every alias served, -> its model's name
         self._entries: dict[str, Entry] = {
             name: Entry(State.UNBUILT, reason=f"not built: `bucketserve models build {recipe}`")
             for name, recipe in (unbuilt or {}).items()
@@ -91,15 +98,32 @@ class Registry:
         for name, given in models.items():
             versions = given if isinstance(given, Mapping) else {given.info.version: given}
             self.put(name, versions)
+        unknown = sorted(set(self._operators.values()) - set(self._entries))
+        if unknown:
+            raise ConfigError(
+                f"served_model_name: no model {', '.join(map(quoted, unknown))} in the "
+                "repository to answer to it"
+            )
+        self._aliases = self._aliases_of(self._entries)
 
     # -- asked by the edges and the engine ----------------------------------------------------
 
     def resolve(
-        self, name: str | None = None, version: str | None = None, task: Task = Task.PREDICT
+        self,
+        name: str | None = None,
+        version: str | None = None,
+        task: Task = Task.PREDICT,
+        stand_in: bool = False,
     ) -> Model:
-        """The model served under `name` (when None: `for_task`), at `version` if one is named
-        (a version is a path segment or a field as sent: digits, or refused)."""
+        """The model served under `name` or an alias of it (when None: `for_task`), at
+        `version` if one is named (a version is a path segment or a field as sent: digits, or
+        refused). With `stand_in`, a name it does not know goes to the one model that serves
+        `task` (`stand_in_for`)."""
         name = name or self.for_task(task)
+        if name is not None and name not in self._entries:
+            name = self._aliases.get(name, name)
+            if stand_in and not self.knows(name):
+                name = self.stand_in_for(name, task)
         if name is None:
             raise ModelNotFound("no model named, and the repository has no default model")
         entry = self._entries.get(name)
@@ -134,6 +158,29 @@ class Registry:
                 param="model",
             )
         return chosen
+
+    def knows(self, name: str) -> bool:
+        """Whether `name` is a model's name (whatever its state) or an alias of one."""
+        return name in self._entries or name in self._aliases
+
+    def stand_in_for(self, unknown: str, task: Task) -> str:
+        """The model that answers a call naming a model it does not know, on a route whose
+        server ignores names: the one model that serves `task`; else ModelNotFound naming
+        those that do (TaskNotServed when none does)."""
+        able = sorted(n for n, m in self.models.items() if task.value in m.info.tasks)
+        if len(able) == 1:
+            return able[0]
+        if not able:
+            raise TaskNotServed(
+                f"unknown model {quoted(unknown)}, and none of this server's models serves "
+                f"{task.value}",
+                param="model",
+            )
+        raise ModelNotFound(
+            f"unknown model {quoted(unknown)}, and {len(able)} serve {task.value}: name one of "
+            f"{', '.join(able[:8])}",
+            param="model",
+        )
 
     def for_task(self, task: Task) -> str | None:
         """The model a call without one goes to: the default, when it serves `task`, else the
@@ -172,6 +219,11 @@ class Registry:
         }
 
     @property
+    def aliases(self) -> dict[str, str]:
+        """Every other name a served model answers to -> its name."""
+        return dict(self._aliases)
+
+    @property
     def failed(self) -> dict[str, str]:
         """The models that did not load at start, and why."""
         return {n: e.reason for n, e in self._entries.items() if e.state is State.FAILED}
@@ -196,10 +248,30 @@ class Registry:
     # -- changed by model control ---------------------------------------------------------
 
     def put(self, name: str, versions: Mapping[int, Model]) -> list[Model]:
-        """Serve `versions` as `name` from now on; the versions it replaces are returned."""
+        """Serve `versions` as `name` from now on; the versions it replaces are returned.
+        ConfigError (and nothing changed) where one of its aliases is another model's."""
+        entries = self._entries | {name: Entry(State.SERVING, dict(sorted(versions.items())))}
+        aliases = self._aliases_of(entries)
         replaced = list(self.versions(name).values())
-        self._entries[name] = Entry(State.SERVING, dict(sorted(versions.items())))
+        self._entries, self._aliases = entries, aliases
         return replaced
+
+    def _aliases_of(self, entries: Mapping[str, Entry]) -> dict[str, str]:
+        """Every alias -> its model's name: the operator's, and each served model's config's;
+        ConfigError where an alias is a model's name, or two models claim it."""
+        claims = [(alias, name) for alias, name in self._operators.items()]
+        for name, entry in sorted(entries.items()):
+            if entry.state is State.SERVING:
+                claims += [(alias, name) for alias in entry.newest.info.aliases]
+        found: dict[str, str] = {}
+        for alias, name in claims:
+            if alias in entries:
+                raise ConfigError(f"model {name}: alias {quoted(alias)} is a model's name")
+            if found.setdefault(alias, name) != name:
+                raise ConfigError(
+                    f"alias {quoted(alias)} is claimed by models {found[alias]} and {name}"
+                )
+        return found
 
     def remove(self, name: str) -> list[Model]:
         """Serve `name` no more (unloaded); the versions it served are returned. A name the
@@ -208,4 +280,5 @@ class Registry:
             raise ModelNotFound(f"unknown model {quoted(name)}: nothing to unload", param="model")
         removed = list(self.versions(name).values())
         self._entries[name] = Entry(State.UNLOADED, reason="unloaded")
+        self._aliases = self._aliases_of(self._entries)
         return removed

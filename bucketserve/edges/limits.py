@@ -28,10 +28,16 @@ class Limits:
     max_body_bytes: int
     max_sequences: int
     max_request_tokens: int
+    auto_truncate: bool = True  # a text past the model cut where the request does not say
 
     @classmethod
     def of(cls, settings: Settings) -> Limits:
-        return cls(settings.max_body_bytes, settings.max_sequences, settings.max_request_tokens)
+        return cls(
+            settings.max_body_bytes,
+            settings.max_sequences,
+            settings.max_request_tokens,
+            settings.auto_truncate,
+        )
 
     def json(self, widest_step: int = 1) -> Budget:
         """A JSON body read before its model is known: every step a request may hold at the

@@ -134,6 +134,7 @@ def build_model(
         served_config=described,
         task_rules=served_tasks,
         prompts=dict(config.prompts or {}),
+        aliases=tuple(config.aliases),
     )
     described["tasks"] = info.tasks  # (the same mapping the config route serves)
     model = Model(info, executor, tokenizer, lone)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import tomllib
 from itertools import pairwise
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -300,6 +300,11 @@ class ModelConfig(_Strict):
     token_classifier: TokenClassifierConfig | None = None
     sparse: SparseConfig | None = None
     multi_vector: MultiVectorConfig | None = None
+    aliases: list[Annotated[str, Field(min_length=1)]] = Field(
+        default_factory=list,
+        description="other names the model answers to: a vendor's default name its clients "
+        "send (rerank-v3.5, text-embedding-3-small), so they work unchanged",
+    )
     prompts: dict[str, str] | None = Field(
         default=None,
         description="named texts put before a request's texts when it asks for one by "

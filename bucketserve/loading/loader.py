@@ -176,8 +176,25 @@ def open_repository(settings: Settings) -> Opened:
     if not versions:
         raise ConfigError(f"{settings.models}: no model loaded ({'; '.join(failed.values())})")
     shown = {name: for_clients(error, settings.models) for name, error in failed.items()}
-    registry = Registry(versions, repository.default_model, shown, repository.unbuilt)
+    aliases = served_names(settings.served_model_name, repository.default_model)
+    registry = Registry(versions, repository.default_model, shown, repository.unbuilt, aliases)
     return Opened(registry, loader, instances)
+
+
+def served_names(given: str | None, default: str | None) -> dict[str, str]:
+    """`--served-model-name` as alias -> model name: ALIAS=MODEL, comma-separated; an ALIAS
+    alone names the default model."""
+    aliases: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in (given or "").split(","))):
+        alias, _, named = (s.strip() for s in part.partition("="))
+        model = named or default
+        if not alias or model is None:
+            raise ConfigError(
+                f"served_model_name: {part!r}: write ALIAS=MODEL (ALIAS alone names the "
+                "default model, and the repository has none)"
+            )
+        aliases[alias] = model
+    return aliases
 
 
 def load_engine(

@@ -155,9 +155,9 @@ def _add_settings(command: argparse.ArgumentParser) -> None:
     for f in fields(Settings):
         flag = "--" + f.name.replace("_", "-")
         help_text = f"{f.metadata['help']} [{env_name(f.name)}; default {f.default}]"
-        if f.type == "bool":
+        if f.type == "bool":  # (--flag, and --no-flag for one that is on by default)
             command.add_argument(
-                flag, action="store_const", const=True, default=None, help=help_text
+                flag, action=argparse.BooleanOptionalAction, default=None, help=help_text
             )
         else:
             command.add_argument(

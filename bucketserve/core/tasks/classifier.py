@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bucketserve.core.heads import not_served, owned, rule_of
-from bucketserve.core.labels import Classifier
+from bucketserve.core.labels import Activation, Classifier
 from bucketserve.core.layout import Outputs
 from bucketserve.core.model import Model
 from bucketserve.core.task import Task
@@ -23,9 +23,10 @@ RELEVANCE = "relevance"  # what `Rerank` answers: a pair's relevance, one number
 @dataclass(frozen=True)
 class Classify:
     """Each label's score for a text (or a pair), by the model's classifier; `raw`: the
-    logits."""
+    logits; `activation`: the one the request names (None: the model's)."""
 
     raw: bool = False
+    activation: Activation | None = None
     task = Task.CLASSIFY
 
     def outputs(self, model: Model) -> tuple[str, ...]:
@@ -33,7 +34,7 @@ class Classify:
 
     def answer(self, model: Model, outputs: Outputs, sequence: np.ndarray) -> Outputs:
         rule = classifier_rule(model)
-        return {SCORES: owned(rule.scores(outputs[rule.output], self.raw))}
+        return {SCORES: owned(rule.scores(outputs[rule.output], self.raw, self.activation))}
 
 
 @dataclass(frozen=True)

@@ -68,11 +68,14 @@ class Embedding:
     def _native(self) -> str:
         return "" if self.width is None else f" or send {self.width}"
 
-    def vector(self, output: np.ndarray, dimensions: int | None = None) -> np.ndarray:
+    def vector(
+        self, output: np.ndarray, dimensions: int | None = None, normalize: bool | None = None
+    ) -> np.ndarray:
         """One sequence's output (its own steps only) -> its embedding, float32, cut to
-        `dimensions` (already checked) and normalised again after the cut."""
+        `dimensions` (already checked) and normalised again after the cut; `normalize`: the
+        request's say (text-embeddings-inference's), None for the model's rule."""
         pooled = _pooled(np.asarray(output, np.float32), self.pooling)
-        if self.normalize:
+        if self.normalize if normalize is None else normalize:
             pooled = _normalised(pooled)
         if dimensions is not None and dimensions != len(pooled):
             if dimensions > len(pooled):  # (a width the graph left free, found only now)
@@ -80,7 +83,7 @@ class Embedding:
                     f"dimensions {dimensions} is more than the embedding's {len(pooled)}",
                     param=DIMENSIONS,
                 )
-            pooled = _normalised(pooled[:dimensions])
+            pooled = pooled[:dimensions] if normalize is False else _normalised(pooled[:dimensions])
         return pooled
 
 
@@ -108,9 +111,11 @@ def _normalised(vector: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Embed:
-    """A sequence's embedding, cut to `dimensions` where the model allows it (None: whole)."""
+    """A sequence's embedding, cut to `dimensions` where the model allows it (None: whole),
+    L2-normalised as `normalize` says (None: as the model's rule says)."""
 
     dimensions: int | None = None
+    normalize: bool | None = None
     task = Task.EMBED
 
     def outputs(self, model: Model) -> tuple[str, ...]:
@@ -120,7 +125,8 @@ class Embed:
 
     def answer(self, model: Model, outputs: Outputs, sequence: np.ndarray) -> Outputs:
         rule = embedding_rule(model)
-        return {EMBEDDING: owned(rule.vector(outputs[rule.output], self.dimensions))}
+        vector = rule.vector(outputs[rule.output], self.dimensions, self.normalize)
+        return {EMBEDDING: owned(vector)}
 
 
 def embedding_rule(model: Model) -> Embedding:

@@ -27,7 +27,7 @@ from bucketserve.edges.http import (
     contract,
     kserve_routes,
     openai_api,
-    predict,
+    shapes,
     tasks,
     tei_api,
 )
@@ -81,15 +81,15 @@ def create_app(
     app.state.metrics = metrics
     app.state.keys = keys
     app.state.limits = limits
-    app.include_router(predict.router)
     app.include_router(kserve_routes.router)
     app.include_router(openai_api.router)
     app.include_router(tasks.router)
     app.include_router(tei_api.router)
     app.include_router(cohere_api.router)
+    app.include_router(shapes.router)
     registry = engine.registry
     versions = [str(model.info.version) for model in registry.models.values()]
-    names = [*registry.models, *registry.failed]
+    names = [*registry.models, *registry.failed, *registry.aliases]
     contract.describe_server(app, names, versions, limits.max_sequences)
     if settings.docs:
         contract.serve_docs(app, keys.required)

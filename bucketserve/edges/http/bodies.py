@@ -5,25 +5,26 @@ options of cutting and prompting it, texts as the core's inputs, and answers ran
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Annotated, Literal
+from typing import Annotated, Literal, Self
 
 import numpy as np
 from pydantic import Field, StrictBool, StrictStr
 
-from bucketserve.core.calls import Texts
+from bucketserve.core.calls import Inputs, Sequences, Texts
 from bucketserve.core.model import Truncation
-from bucketserve.edges.http.schemas import Lenient
+from bucketserve.edges.http.schemas import Integer, Lenient
 from bucketserve.errors import InvalidInput
 
 Text = Annotated[StrictStr, Field(min_length=1)]
 
 
-class TextOptions(Lenient):
-    model: StrictStr | None = Field(
-        None, min_length=1, description="default: the default model, or the one that does this"
-    )
-    truncate: StrictBool = Field(
-        False, description="cut a text longer than the model takes (else it is refused)"
+class TextCut(Lenient):
+    """How a request's texts are cut and prompted."""
+
+    truncate: StrictBool | None = Field(
+        None,
+        description="cut a text longer than the model takes, or refuse it (422); default: the "
+        "server's --auto-truncate (on unless turned off)",
     )
     truncation_direction: Literal["right", "left", "Right", "Left"] = Field(
         "right", description="where a text is cut: its end (right) or its start (left)"
@@ -34,7 +35,22 @@ class TextOptions(Lenient):
 
     @property
     def truncation(self) -> Truncation:
-        return Truncation(self.truncate, self.truncation_direction.lower() == "left")
+        """How a long text is cut (`truncate` left out is the server's: `with_defaults`)."""
+        return Truncation(self.truncate is not False, self.truncation_direction.lower() == "left")
+
+    def with_defaults(self, auto_truncate: bool) -> Self:
+        """The options with the server's default for what they left out."""
+        if self.truncate is not None:
+            return self
+        return self.model_copy(update={"truncate": auto_truncate})
+
+
+class TextOptions(TextCut):
+    """A text route's options: its model, and how its texts are cut and prompted."""
+
+    model: StrictStr | None = Field(
+        None, min_length=1, description="default: the default model, or the one that does this"
+    )
 
 
 class TextsBody(TextOptions):
@@ -50,6 +66,30 @@ class TextsBody(TextOptions):
     def inputs_of_texts(self) -> Texts:
         """The texts as the core's inputs, cut and prompted as the body says."""
         return Texts(self.texts, self.truncation, self.prompt_name)
+
+
+Ids = Annotated[list[Integer], Field(min_length=1)]
+
+
+class InputsBody(TextOptions):
+    """Texts or token id lists (the model's own ids), as text-embeddings-inference's embed
+    routes take them: a text, an id list, or a list of either."""
+
+    inputs: Text | Ids | Annotated[list[Text | Ids], Field(min_length=1)]
+
+    def inputs_of(self, wire_bytes: int) -> Inputs:
+        """The core's inputs: the texts, cut and prompted as the body says; or the id lists
+        (`wire_bytes`: what they took on the wire)."""
+        given = self.inputs
+        items = [given] if isinstance(given, str) or isinstance(given[0], int) else list(given)
+        texts = [item for item in items if isinstance(item, str)]
+        if len(texts) == len(items):
+            return Texts(texts, self.truncation, self.prompt_name)
+        if texts:
+            raise InvalidInput("inputs: send texts or token id lists, not both", param="inputs")
+        if self.prompt_name is not None:
+            raise InvalidInput("prompt_name goes before texts: send texts", param="prompt_name")
+        return Sequences(items, wire_bytes)
 
 
 def ranked(scores: Sequence[float] | np.ndarray, top: int | None) -> list[int]:

@@ -112,10 +112,6 @@ async def rerank(request: Request) -> Response:
     """Cohere's and Jina's rerank, at both their paths."""
     body: RerankBody = await body_of(request, RerankBody)
     documents = [document_text(d, i, body.rank_fields) for i, d in enumerate(body.documents)]
-    if body.top_n is not None and body.top_n > len(documents):
-        raise InvalidInput(
-            f"top_n {body.top_n} is more than the {len(documents)} documents", param="top_n"
-        )
     pairs = TextPairs([(body.query, d) for d in documents], Truncation(body.truncate))
     answer = await run(request, pairs, body.model, Rerank(), body.priority)
     scores = [float(out[RELEVANCE]) for out in answer.outputs]

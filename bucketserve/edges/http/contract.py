@@ -16,6 +16,7 @@ from typing import Any
 from fastapi import FastAPI, HTTPException, Response
 from fastapi.responses import HTMLResponse
 
+from bucketserve.edges.http.dialects import names_are_hints
 from bucketserve.errors import ConfigError
 
 ASSETS = ("swagger-ui-bundle.js", "swagger-ui.css")
@@ -69,8 +70,9 @@ def describe_server(
     app: FastAPI, names: Iterable[str], versions: Iterable[str], max_sequences: int
 ) -> None:
     """The document as this server takes requests: model names (the `{name}` path parameter,
-    the `model` of every body that names one) and `{version}`s are the repository's, and
-    /predict takes at most `max_sequences` items."""
+    a body's `model` where names are not hints: an alias too) and `{version}`s are the
+    repository's, and /predict takes at most `max_sequences` items. Where a path's servers
+    ignore names (`names_are_hints`), a body's `model` is any name."""
     known = {"name": sorted(set(names)), "version": sorted(set(versions))}
     models = {"type": "string", "enum": known["name"]}
     document = app.openapi
@@ -84,27 +86,35 @@ def describe_server(
                         values = known.get(param["name"]) if param["in"] == "path" else None
                         if values:
                             param["schema"] = {"type": "string", "enum": values}
-            body = schema["paths"]["/predict"]["post"]["requestBody"]["content"]
-            for form in body["application/json"]["schema"]["oneOf"]:
-                fields = form["properties"]
-                fields["model"] = {**fields["model"], "anyOf": [models, {"type": "null"}]}
-                for field in ("sequences", "text"):
-                    if field in fields:
-                        fields[field]["maxItems"] = max_sequences
-            for path, item in schema["paths"].items():  # (the task routes, OpenAI's, Cohere's)
+            for path, item in schema["paths"].items():
                 body = item.get("post", {}).get("requestBody", {}).get("content", {})
-                fields = body.get("application/json", {}).get("schema", {}).get("properties", {})
-                if "model" in fields and path != "/predict":
-                    named = fields["model"]
-                    rest = {k: v for k, v in named.items() if k not in ("anyOf", "minLength")}
-                    optional = "anyOf" in named  # (a model the route may choose itself)
-                    fields["model"] = rest | (
-                        {"anyOf": [models, {"type": "null"}]} if optional else models
-                    )
+                for form in _forms(body.get("application/json", {}).get("schema", {})):
+                    fields = form.get("properties", {})
+                    own = "sequences" in fields or "text" in fields  # (/predict's own)
+                    if "model" in fields and (own or not names_are_hints(path)):
+                        fields["model"] = _named(fields["model"], models)
+                    for field in ("sequences", "text"):
+                        if own and field in fields:
+                            fields[field]["maxItems"] = max_sequences
             app.openapi_schema = schema
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
+
+
+def _forms(schema: dict[str, Any]) -> list[dict[str, Any]]:
+    """The body forms a schema allows: itself, or each of its alternatives (nested)."""
+    alternatives = schema.get("anyOf") or schema.get("oneOf")
+    if not alternatives:
+        return [schema]
+    return [form for alternative in alternatives for form in _forms(alternative)]
+
+
+def _named(field: dict[str, Any], models: dict[str, Any]) -> dict[str, Any]:
+    """A body's `model` field as the names served (or null, where it may be left out)."""
+    rest = {k: v for k, v in field.items() if k not in ("anyOf", "minLength", "type")}
+    optional = "anyOf" in field or field.get("default", "") is None
+    return rest | ({"anyOf": [models, {"type": "null"}]} if optional else models)
 
 
 def document_key(app: FastAPI, is_open: Callable[[str], bool]) -> None:

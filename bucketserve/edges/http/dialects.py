@@ -45,6 +45,18 @@ def dialect_of(path: str) -> Dialect:
     return Dialect.HOSTED if hosted else Dialect.BARE
 
 
+NAMED_BY_HINT = frozenset({"/v1/embeddings", "/embeddings"})  # TEI's and Infinity's too
+
+
+def names_are_hints(path: str) -> bool:
+    """Whether the servers of `path` ignore the model a body names (TEI serves one model,
+    Infinity's clients send `default/not-specified`): its bare paths, and the embeddings
+    route TEI and Infinity serve beside OpenAI. There a name none answers to goes to the one
+    model that serves the task (`Call.stand_in`); on the hosted APIs' other paths, it is a
+    404."""
+    return dialect_of(path) is Dialect.BARE or path in NAMED_BY_HINT
+
+
 def error_body(error: BucketserveError, path: str) -> dict[str, Any]:
     """`error` as the route at `path` answers errors (its dialect's form)."""
     message = brief(error.message)

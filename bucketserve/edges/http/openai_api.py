@@ -36,9 +36,9 @@ from bucketserve.edges.http.common import (
     read_json,
     unless_client_leaves,
 )
-from bucketserve.edges.http.dialects import Dialect, errors
-from bucketserve.edges.http.schemas import Integer, Lenient, Positive, inlined, is_integer
-from bucketserve.edges.http.task_call import said_ignored
+from bucketserve.edges.http.dialects import Dialect, errors, names_are_hints
+from bucketserve.edges.http.schemas import Count, Integer, Lenient, inlined, is_integer
+from bucketserve.edges.http.task_call import said_ignored, said_stand_in
 from bucketserve.errors import BucketserveError, InvalidInput, MalformedRequest
 
 router = APIRouter(prefix="/v1", tags=["OpenAI"])
@@ -58,15 +58,22 @@ class EmbeddingsBody(Lenient):
         | Ids
         | Annotated[list[Ids], Field(min_length=1)]
     ) = Field(description="a text, texts, one token id list, or token id lists")
-    model: StrictStr = Field(
-        min_length=1, description="a model that embeds (GET /v1/models lists them)"
+    model: StrictStr | None = Field(
+        None,
+        min_length=1,
+        description="a model that embeds (GET /v1/models lists them); default: the default "
+        "model, or the one that embeds. A name none answers to goes to the one model that "
+        "embeds, as text-embeddings-inference ignores it (said in X-Model-Substituted)",
     )
     encoding_format: Literal["float", "base64"] = Field(
         "float", description="base64: the little-endian float32 bytes"
     )
-    dimensions: Positive | None = Field(
-        None, description="cut to this width, for a model whose config allows it"
+    dimensions: Count | None = Field(
+        None,
+        description="cut to this width, for a model whose config allows it (0, Infinity's "
+        "default: the whole vector)",
     )
+    modality: Literal["text"] = Field("text", description="Infinity's: text, the one served")
     user: StrictStr | None = Field(None, description="accepted and ignored")
     prompt_name: StrictStr | None = Field(
         None, description="the model's prompt put before each text (its config's [prompts])"
@@ -210,9 +217,12 @@ async def embeddings(request: Request) -> Response:
     if body.ignored:
         said_ignored(request, body.ignored)
     inputs = inputs_of(body, request.state.body_bytes, engine.settings.openai_token_ids)
-    call = call_of(request, inputs, body.model, head=Embed(body.dimensions))
+    head = Embed(body.dimensions or None)
+    stand_in = names_are_hints(request.url.path)
+    call = call_of(request, inputs, body.model, head=head, stand_in=stand_in)
     with blamed("input"):  # (unless the error names its own field: model, dimensions)
         answer = await unless_client_leaves(request, engine.infer(call))
+    said_stand_in(request, answer)
     vectors = [encoded(out[EMBEDDING], body.encoding_format) for out in answer.outputs]
     data = [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors)]
     tokens = sum(answer.lengths)

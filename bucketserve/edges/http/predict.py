@@ -6,15 +6,12 @@ import math
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Request, Response
+from fastapi import Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from bucketserve.core.calls import Inputs, Sequences, Texts
 from bucketserve.core.model import Truncation
 from bucketserve.edges.http.common import (
-    JSON,
-    PRIORITY_PARAMETER,
-    TIMEOUT_PARAMETER,
     call_of,
     engine_of,
     json_response,
@@ -22,11 +19,9 @@ from bucketserve.edges.http.common import (
     read_json,
     unless_client_leaves,
 )
-from bucketserve.edges.http.dialects import Dialect, errors
 from bucketserve.edges.http.schemas import inlined
+from bucketserve.edges.limits import Budget
 from bucketserve.errors import InvalidInput, MalformedRequest
-
-router = APIRouter()
 
 FIELDS = {"model", "sequences", "text", "outputs", "truncate", "truncation_direction", "priority"}
 DIRECTIONS = ("right", "left")
@@ -127,25 +122,17 @@ def read_predict(body: Any, wire_bytes: int) -> Predict:
     return Predict(name, Sequences(items, wire_bytes), wanted, priority)
 
 
-@router.post(
-    "/predict",
-    response_model=PredictResponse,
-    responses=errors(Dialect.BARE, 400, 404, 413, 415, 422, 503, 504),
-    openapi_extra={
-        "requestBody": {
-            "required": True,
-            "content": {JSON: {"schema": PREDICT_BODY}},
-        },
-        "parameters": [TIMEOUT_PARAMETER, PRIORITY_PARAMETER],
-    },
-    summary="Run a model on variable-length sequences",
-)
+def budget(request: Request) -> Budget:
+    """What a /predict body may hold: a step of the widest model's is that many numbers."""
+    models = engine_of(request).registry.models.values()
+    widest = max((math.prod(m.info.rules.step_shape) for m in models), default=1)
+    return limits_of(request).json(widest)
+
+
 async def predict(request: Request) -> Response:
+    """POST /predict in our own shape (`shapes` tells it from text-embeddings-inference's)."""
     engine = engine_of(request)
-    # (a step of the widest model's is that many numbers: the most a request may carry)
-    widest = max((math.prod(m.info.rules.step_shape) for m in engine.registry.models.values()),
-                 default=1)  # fmt: skip
-    body: Predict = await read_json(request, limits_of(request).json(widest), read_predict)
+    body: Predict = await read_json(request, budget(request), read_predict)
     call = call_of(request, body.inputs, body.model, outputs=body.outputs, priority=body.priority)
     answer = await unless_client_leaves(request, engine.infer(call))
     return json_response({"model": answer.model.name, "outputs": answer.outputs})

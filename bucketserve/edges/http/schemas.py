@@ -31,8 +31,14 @@ class Lenient(BaseModel):
 
     @property
     def ignored(self) -> list[str]:
-        """The fields sent that the body does not have."""
-        return sorted(self.model_extra or {})
+        """The fields sent that the body does not have (a nested body's as `field.its`)."""
+        nested = [
+            f"{name}.{inner}"
+            for name, value in self
+            if isinstance(value, Lenient)
+            for inner in value.ignored
+        ]
+        return sorted([*(self.model_extra or {}), *nested])
 
 
 def validate(schema: type[BaseModel], body: Any, where: str) -> Any:

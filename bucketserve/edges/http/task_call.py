@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request
 
 from bucketserve.core.calls import Answer, Inputs
 from bucketserve.core.heads import Head
+from bucketserve.edges.http.bodies import TextCut
 from bucketserve.edges.http.common import (
     JSON,
     PRIORITY_PARAMETER,
@@ -24,7 +25,7 @@ from bucketserve.edges.http.common import (
     read_json,
     unless_client_leaves,
 )
-from bucketserve.edges.http.dialects import dialect_of, errors
+from bucketserve.edges.http.dialects import dialect_of, errors, names_are_hints
 from bucketserve.edges.http.schemas import Lenient, Strict, inlined, validate
 from bucketserve.logs import Throttled
 
@@ -32,21 +33,30 @@ log = logging.getLogger(__name__)
 _throttled = Throttled(log)
 
 IGNORED = "X-Ignored-Fields"
+SUBSTITUTED = "X-Model-Substituted"
 RUN = (400, 404, 413, 415, 422, 503, 504)  # what a route that runs a model may answer
 READ = (400, 404, 413, 415, 422, 503)  # what one that only reads a model (its tokenizer) may
+
+
+Body = type[Strict | Lenient]
+R = TypeVar("R", bound=Callable[..., Any])
 
 
 def post(
     router: APIRouter,
     path: str,
-    body: type[Strict | Lenient],
+    body: Body | tuple[Body | dict[str, Any], ...],
     summary: str,
     statuses: tuple[int, ...] = RUN,
-) -> Callable[[Any], Any]:
-    """`router`'s POST `path`, documented: its JSON `body`, its statuses, and (for a route
-    that runs a model) the request's own deadline header."""
+) -> Callable[[R], R]:
+    """`router`'s POST `path`, documented: its JSON `body` (or any of several bodies, each a
+    schema class or a JSON schema), its statuses, and (for a route that runs a model) the
+    request's own deadline header."""
+    shapes = body if isinstance(body, tuple) else (body,)
+    schemas = [s if isinstance(s, dict) else inlined(s) for s in shapes]
+    schema = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
     extra: dict[str, Any] = {
-        "requestBody": {"required": True, "content": {JSON: {"schema": inlined(body)}}}
+        "requestBody": {"required": True, "content": {JSON: {"schema": schema}}}
     }
     if 504 in statuses:
         extra["parameters"] = [TIMEOUT_PARAMETER, PRIORITY_PARAMETER]
@@ -57,15 +67,30 @@ def post(
 async def run(
     request: Request, inputs: Inputs, name: str | None, head: Head, priority: int | None = None
 ) -> Answer:
-    """The task's call, through the engine like every other route's; `priority`: the body's."""
-    call = call_of(request, inputs, name, head=head, priority=priority)
-    return await unless_client_leaves(request, engine_of(request).infer(call))
+    """The task's call, through the engine like every other route's; `priority`: the body's.
+    On a path whose servers ignore model names, an unknown one stands in (`names_are_hints`)."""
+    stand_in = names_are_hints(request.url.path)
+    call = call_of(request, inputs, name, head=head, priority=priority, stand_in=stand_in)
+    answer = await unless_client_leaves(request, engine_of(request).infer(call))
+    said_stand_in(request, answer)
+    return answer
+
+
+def said_stand_in(request: Request, answer: Answer) -> None:
+    """An answer by a model the call did not name (a name the route's server ignores): said
+    in its X-Model-Substituted (the name given, the model that answered)."""
+    if answer.stood_in_for is not None:
+        given, model = ascii(answer.stood_in_for[:64]), ascii(answer.model.name)
+        note(request, SUBSTITUTED, f"{given} -> {model}")
 
 
 async def body_of(request: Request, schema: type[Strict | Lenient]) -> Any:
     """The body, read within the request's limits (`common.read_json`) and validated; the
     fields a body in another server's shape ignores are said (`said_ignored`)."""
-    body = validate(schema, await read_json(request, limits_of(request).json()), "body")
+    limits = limits_of(request)
+    body = validate(schema, await read_json(request, limits.json()), "body")
+    if isinstance(body, TextCut):
+        body = body.with_defaults(limits.auto_truncate)
     if isinstance(body, Lenient) and body.ignored:
         said_ignored(request, body.ignored)
     return body

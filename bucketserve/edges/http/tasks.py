@@ -22,6 +22,7 @@ from fastapi import APIRouter, Request, Response
 from pydantic import Field, StrictBool, StrictStr
 
 from bucketserve.core.calls import Inputs, TextPairs, Texts
+from bucketserve.core.labels import Activation
 from bucketserve.core.tasks.classifier import SCORES, Classify, classifier_rule
 from bucketserve.core.tasks.entities import ENTITIES, TagTokens
 from bucketserve.core.tasks.fill_mask import GUESSES, FillMask
@@ -33,7 +34,7 @@ from bucketserve.edges.http.bodies import (
     refuse_prompt_for_pairs,
 )
 from bucketserve.edges.http.common import json_response
-from bucketserve.edges.http.schemas import Positive
+from bucketserve.edges.http.schemas import Lenient, Positive
 from bucketserve.edges.http.task_call import body_of, post, run
 from bucketserve.errors import InvalidInput
 
@@ -43,14 +44,31 @@ router = APIRouter(tags=["Tasks"])
 Item = Text | Annotated[list[Text], Field(min_length=1, max_length=2)]
 
 
+class ClassifyParameters(Lenient):
+    """Hugging Face's text-classification parameters, as huggingface_hub sends them."""
+
+    top_k: Positive | None = Field(None, description="the best this many labels")
+    function_to_apply: Literal["sigmoid", "softmax", "none"] | None = Field(
+        None, description="sigmoid, softmax or none (the logits): default, the model's"
+    )
+
+
 class ClassifyBody(TextOptions):
     """text-embeddings-inference's /predict body, read as TEI reads it: a text; a pair [a, b]
     (two strings are one pair); or a batch: a list of one or three or more texts, of pairs
-    [[a, b], ...], or of texts each in a list of one [[a], [b]]."""
+    [[a, b], ...], or of texts each in a list of one [[a], [b]]. With Hugging Face's
+    `parameters` (its task API's body, huggingface_hub's `text_classification`), a single
+    text's labels come in a list of one, as that API answers them."""
 
     inputs: Item | Annotated[list[Item], Field(min_length=1)]
     raw_scores: StrictBool = Field(False, description="the logits, not their scores")
     top_k: Positive | None = Field(None, description="the best this many labels (default: all)")
+    parameters: ClassifyParameters | None = None
+
+    @property
+    def best(self) -> int | None:
+        """How many labels each answer holds (None: all)."""
+        return self.parameters.top_k if self.parameters and self.parameters.top_k else self.top_k
 
     @property
     def single(self) -> bool:
@@ -70,14 +88,34 @@ class ClassifyBody(TextOptions):
         return [[item] if isinstance(item, str) else list(item) for item in given]
 
 
+Aggregation = Literal["none", "simple", "first", "average", "max"]
+
+
+class TokensParameters(Lenient):
+    """Hugging Face's token-classification parameters, as huggingface_hub sends them."""
+
+    aggregation_strategy: Aggregation | None = None
+    ignore_labels: list[StrictStr] | None = None
+
+
 class TokensBody(TextsBody):
-    aggregation: Literal["none", "simple", "first", "average", "max"] = Field(
+    aggregation: Aggregation = Field(
         "none",
         description="none: each token; simple: neighbouring tokens of one entity as one; "
         "first, average, max: a word's pieces first made one, scored by its first piece, their "
         "mean or the best of them (Hugging Face's aggregation strategies)",
     )
     ignore_labels: list[StrictStr] = Field(["O"], description="entities never answered")
+    parameters: TokensParameters | None = Field(
+        None, description="Hugging Face's names of the two above (huggingface_hub's)"
+    )
+
+    @property
+    def head(self) -> TagTokens:
+        given = self.parameters or TokensParameters.model_validate({})
+        aggregation = given.aggregation_strategy or self.aggregation
+        ignored = self.ignore_labels if given.ignore_labels is None else given.ignore_labels
+        return TagTokens(aggregation, tuple(ignored))
 
 
 class FillMaskBody(TextsBody):
@@ -101,13 +139,16 @@ async def classify(request: Request) -> Response:
         inputs = TextPairs([(a, b) for a, b in texts], body.truncation)
     else:
         inputs = Texts([t[0] for t in texts], body.truncation, body.prompt_name)
-    answer = await run(request, inputs, body.model, Classify(body.raw_scores))
+    applied = body.parameters.function_to_apply if body.parameters else None
+    activation = None if applied is None else Activation(applied)
+    answer = await run(request, inputs, body.model, Classify(body.raw_scores, activation))
     labels = classifier_rule(answer.model).labels
     results = [
-        [{"label": labels[i], "score": float(scores[i])} for i in ranked(scores, body.top_k)]
+        [{"label": labels[i], "score": float(scores[i])} for i in ranked(scores, body.best)]
         for scores in (out[SCORES] for out in answer.outputs)
     ]
-    return json_response(results[0] if body.single else results)
+    unnested = body.single and body.parameters is None
+    return json_response(results[0] if unnested else results)
 
 
 @post(
@@ -120,8 +161,7 @@ async def classify_tokens(request: Request) -> Response:
     body: TokensBody = await body_of(request, TokensBody)
     if body.prompt_name is not None:  # (each entity's span is in the text as sent)
         raise InvalidInput("prompt_name: a tagger reads the texts as sent", param="prompt_name")
-    head = TagTokens(body.aggregation, tuple(body.ignore_labels))
-    answer = await run(request, body.inputs_of_texts, body.model, head)
+    answer = await run(request, body.inputs_of_texts, body.model, body.head)
     found = [out[ENTITIES].tolist() for out in answer.outputs]
     return json_response(found[0] if isinstance(body.inputs, str) else found)
 

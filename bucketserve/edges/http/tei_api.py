@@ -14,25 +14,33 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
+import numpy as np
 from fastapi import APIRouter, Request, Response
 from pydantic import Field, StrictBool, StrictStr
 
+from bucketserve.about import VERSION
 from bucketserve.core.calls import TextPairs, Texts
+from bucketserve.core.model import Model
+from bucketserve.core.task import Task
 from bucketserve.core.tasks.classifier import RELEVANCE, Rerank
+from bucketserve.core.tasks.embedding import EMBEDDING, Embed
 from bucketserve.core.tasks.sparse import INDICES, VALUES, VECTORS, EmbedAll, Sparse
 from bucketserve.core.tasks.tokenize import TEXT, TOKENS, Decode, IdRows, Tokenize
 from bucketserve.edges.http.bodies import (
+    InputsBody,
     Text,
+    TextCut,
     TextOptions,
-    TextsBody,
     ranked,
     refuse_prompt_for_pairs,
 )
-from bucketserve.edges.http.common import json_response
-from bucketserve.edges.http.schemas import Integer, Lenient, Positive
+from bucketserve.edges.http.common import engine_of, json_response, limits_of
+from bucketserve.edges.http.schemas import ErrorBody, Integer, Lenient, Positive
 from bucketserve.edges.http.task_call import READ, body_of, post, run
 
 router = APIRouter(tags=["text-embeddings-inference"])
+
+STARTING = {"error": "the server is starting or draining", "error_type": "Unhealthy"}
 
 
 class TeiRerankBody(TextOptions):
@@ -44,7 +52,29 @@ class TeiRerankBody(TextOptions):
     return_text: StrictBool = Field(False, description="each document's text beside its score")
 
 
-class SparseBody(TextsBody):
+class EmbedBody(InputsBody):
+    """text-embeddings-inference's /embed."""
+
+    normalize: StrictBool = Field(True, description="L2-normalise each vector")
+    dimensions: Positive | None = Field(
+        None, description="cut to this width, for a model whose config allows it"
+    )
+
+
+class SimilarityInputs(Lenient):
+    source_sentence: Text
+    sentences: list[Text] = Field(min_length=1, description="compared with source_sentence")
+
+
+class SimilarityBody(Lenient):
+    """text-embeddings-inference's /similarity (Hugging Face's sentence-similarity task)."""
+
+    model: StrictStr | None = Field(None, min_length=1)
+    inputs: SimilarityInputs
+    parameters: TextCut | None = None
+
+
+class SparseBody(InputsBody):
     top_k: Positive | None = Field(None, description="the largest this many weights of each")
 
 
@@ -60,13 +90,8 @@ class DecodeBody(Lenient):
     skip_special_tokens: StrictBool = True
 
 
-@post(
-    router,
-    "/rerank",
-    TeiRerankBody,
-    "Rerank texts against a query (text-embeddings-inference's shape)",
-)
 async def rerank_tei(request: Request) -> Response:
+    """POST /rerank in text-embeddings-inference's shape (`shapes` tells it from Cohere's)."""
     body: TeiRerankBody = await body_of(request, TeiRerankBody)
     refuse_prompt_for_pairs(body.prompt_name)
     pairs = TextPairs([(body.query, text) for text in body.texts], body.truncation)
@@ -88,7 +113,8 @@ async def rerank_tei(request: Request) -> Response:
 )
 async def embed_sparse(request: Request) -> Response:
     body: SparseBody = await body_of(request, SparseBody)
-    answer = await run(request, body.inputs_of_texts, body.model, Sparse(body.top_k))
+    inputs = body.inputs_of(request.state.body_bytes)
+    answer = await run(request, inputs, body.model, Sparse(body.top_k))
     return json_response(
         [
             [
@@ -100,11 +126,39 @@ async def embed_sparse(request: Request) -> Response:
     )
 
 
-@post(router, "/embed_all", TextsBody, "One vector per token of each text")
+@post(router, "/embed_all", InputsBody, "One vector per token of each text")
 async def embed_all(request: Request) -> Response:
-    body: TextsBody = await body_of(request, TextsBody)
-    answer = await run(request, body.inputs_of_texts, body.model, EmbedAll())
+    body: InputsBody = await body_of(request, InputsBody)
+    inputs = body.inputs_of(request.state.body_bytes)
+    answer = await run(request, inputs, body.model, EmbedAll())
     return json_response([out[VECTORS] for out in answer.outputs])
+
+
+@post(router, "/embed", EmbedBody, "One vector per text, pooled as the model's config says")
+async def embed(request: Request) -> Response:
+    body: EmbedBody = await body_of(request, EmbedBody)
+    inputs = body.inputs_of(request.state.body_bytes)
+    head = Embed(body.dimensions, body.normalize)
+    answer = await run(request, inputs, body.model, head)
+    return json_response([out[EMBEDDING] for out in answer.outputs])
+
+
+@post(
+    router,
+    "/similarity",
+    SimilarityBody,
+    "The cosine similarity of a sentence to each of others (sentence-similarity)",
+)
+async def similarity(request: Request) -> Response:
+    body: SimilarityBody = await body_of(request, SimilarityBody)
+    given = body.inputs
+    given_options = body.parameters or TextCut.model_validate({})
+    options = given_options.with_defaults(limits_of(request).auto_truncate)
+    sentences = [given.source_sentence, *given.sentences]
+    texts = Texts(sentences, options.truncation, options.prompt_name)
+    answer = await run(request, texts, body.model, Embed(normalize=True))
+    source, *others = (out[EMBEDDING] for out in answer.outputs)
+    return json_response([float(np.dot(source, other)) for other in others])
 
 
 @post(
@@ -127,3 +181,63 @@ async def decode(request: Request) -> Response:
     rows: Any = [body.ids] if not body.ids or isinstance(body.ids[0], int) else body.ids
     answer = await run(request, IdRows(rows), body.model, Decode(body.skip_special_tokens))
     return json_response([out[TEXT].item() for out in answer.outputs])
+
+
+UNHEALTHY: dict[int | str, dict[str, Any]] = {
+    503: {"model": ErrorBody, "description": "starting, or draining"}
+}
+
+
+@router.get(
+    "/health",
+    summary="Whether the server takes requests: 200, or 503 starting or draining",
+    response_class=Response,
+    responses={200: {"description": "it takes requests (no body)"}, **UNHEALTHY},
+)
+async def health(request: Request) -> Response:
+    """text-embeddings-inference's health (also at GET / and /ping, as it serves it)."""
+    if engine_of(request).ready:
+        return Response(status_code=200)
+    return json_response(STARTING | {"code": "unavailable"}, 503)
+
+
+for path in ("/", "/ping"):
+    router.get(path, summary="As /health", response_class=Response, responses=UNHEALTHY)(health)
+
+
+@router.get("/info", summary="The default model, as text-embeddings-inference describes it")
+async def info(request: Request) -> Response:
+    model = engine_of(request).registry.resolve()
+    limits = limits_of(request)
+    return json_response(
+        {
+            "model_id": model.name,
+            "model_sha": None,
+            "model_dtype": "float32",
+            "model_type": model_type(model),
+            "max_concurrent_requests": model.info.queue_capacity,
+            "max_input_length": model.info.rules.max_length,
+            "max_batch_tokens": limits.max_request_tokens,
+            "max_batch_requests": None,
+            "max_client_batch_size": limits.max_sequences,
+            "auto_truncate": limits.auto_truncate,
+            "tokenization_workers": 1,
+            "version": VERSION,
+            "sha": None,
+            "docker_label": None,
+            "served_model_name": model.name,
+        }
+    )
+
+
+def model_type(model: Model) -> dict[str, Any]:
+    """What text-embeddings-inference says a model is: a reranker, a classifier (its labels),
+    or an embedding model (its pooling; splade for sparse weights)."""
+    classifier = model.info.rule(Task.CLASSIFY)
+    if classifier is not None:
+        labels = {"id2label": dict(enumerate(classifier.labels))}
+        labels["label2id"] = {label: i for i, label in enumerate(classifier.labels)}
+        return {"reranker" if model.info.rule(Task.RERANK) else "classifier": labels}
+    embedding = model.info.rule(Task.EMBED)
+    pooling = embedding.pooling.value if embedding is not None else "splade"
+    return {"embedding": {"pooling": pooling}}
