@@ -75,6 +75,11 @@ OPERATIONS = [
     "GET /",
     "POST /",
     "POST /invocations",
+    "POST /score",
+    "POST /v1/score",
+    "POST /embeddings",
+    "GET /models",
+    "GET /models/{name}",
 ]
 # the routes with a body of their own to break (the repository's index has none)
 BODIES = [

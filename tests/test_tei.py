@@ -97,7 +97,7 @@ async def test_info_describes_the_default_model_and_health_says_ready(
     for path in ("/health", "/", "/ping"):
         healthy = await client.get(path)
         assert healthy.status_code == 200
-        assert healthy.content == b""
+        assert healthy.json()["unix"] > 0  # (Infinity's body; TEI's clients read the status)
 
 
 async def test_a_drain_makes_health_say_so_in_teis_form(task_repository: Repository) -> None:
@@ -288,3 +288,97 @@ async def test_a_long_text_is_cut_unless_the_server_or_the_request_says_not(
         assert kept.status_code == 422
         assert "longer than the model" in error_of(kept)[1]
         assert info["auto_truncate"] is auto
+
+
+async def test_vllms_score_is_the_rerank_or_the_cosine(client: httpx.AsyncClient) -> None:
+    """vLLM's /score: a cross-encoder's relevance of each pair (as /v1/rerank scores it), or
+    an embedding model's cosine (as /similarity); one against many, or pairwise."""
+    docs = texts(3, seed=7)
+    cohere = (await client.post("/v1/rerank", json={"query": QUERY, "documents": docs})).json()
+    relevance = {r["index"]: r["relevance_score"] for r in cohere["results"]}
+    for path in ("/score", "/v1/score"):
+        scored = await client.post(
+            path, json={"model": "reranker", "text_1": QUERY, "text_2": docs}
+        )
+        assert scored.status_code == 200, scored.text
+        body = scored.json()
+        assert (body["object"], body["model"]) == ("list", "reranker")
+        assert [d["index"] for d in body["data"]] == [0, 1, 2]
+        got = [d["score"] for d in body["data"]]
+        np.testing.assert_allclose(got, [relevance[i] for i in range(3)], atol=TOLERANCE)
+        assert body["usage"]["prompt_tokens"] == body["usage"]["total_tokens"] > 0
+    newer = await client.post("/score", json={"queries": [QUERY] * 3, "documents": docs})
+    assert newer.status_code == 200, newer.text  # (pairwise; the one reranker by default)
+    np.testing.assert_allclose([d["score"] for d in newer.json()["data"]],
+                               [relevance[i] for i in range(3)], atol=TOLERANCE)  # fmt: skip
+    cosine = await client.post(
+        "/score", json={"model": "embedder", "text_1": "a", "text_2": ["b", "c"]}
+    )
+    sentences = {"source_sentence": "a", "sentences": ["b", "c"]}
+    similar = await client.post("/similarity", json={"model": "embedder", "inputs": sentences})
+    np.testing.assert_allclose([d["score"] for d in cosine.json()["data"]], similar.json(),
+                               atol=TOLERANCE)  # fmt: skip
+    uneven = await client.post("/score", json={"text_1": ["a", "b"], "text_2": docs})
+    assert uneven.status_code == 422
+    assert "send one text_1, or as many as text_2" in error_of(uneven)[1]
+    assert "message" in uneven.json()  # (the hosted form: vLLM's clients read error.message)
+    tagger = await client.post("/score", json={"model": "tagger", "text_1": "a", "text_2": "b"})
+    assert tagger.status_code == 400
+    assert "neither reranks nor embeds" in error_of(tagger)[1]
+
+
+async def test_vllms_and_infinitys_classify(client: httpx.AsyncClient) -> None:
+    """/classify with `input`: vLLM's answer (each text's label and probabilities in the
+    labels' order), or Infinity's (a body with `raw_scores`: each label's score, best first);
+    both the scores of our /classify."""
+    batch = ["a fine day", "a dreadful day", "a day"]  # (three: two strings are a pair)
+    ours = (await client.post("/classify", json={"model": "sentiment", "inputs": batch})).json()
+    vllm = await client.post("/classify", json={"model": "sentiment", "input": batch})
+    assert vllm.status_code == 200, vllm.text
+    for item, want in zip(vllm.json()["data"], ours, strict=True):
+        assert item["num_classes"] == len(SENTIMENT)
+        by_label = {w["label"]: w["score"] for w in want}
+        np.testing.assert_allclose(item["probs"], [by_label[label] for label in SENTIMENT],
+                                   atol=TOLERANCE)  # fmt: skip
+        assert item["label"] == want[0]["label"]
+    infinity = await client.post(
+        "/classify", json={"model": "sentiment", "input": batch, "raw_scores": False}
+    )
+    assert infinity.status_code == 200, infinity.text
+    assert infinity.json()["object"] == "classify"
+    assert [[(x["label"], round(x["score"], 5)) for x in scores]
+            for scores in infinity.json()["data"]] == [
+        [(x["label"], round(x["score"], 5)) for x in scores] for scores in ours
+    ]  # fmt: skip
+    infinitys_default = {"model": "default/not-specified", "input": batch, "raw_scores": False}
+    two = await client.post("/classify", json=infinitys_default)
+    assert two.status_code == 404  # (the reranker classifies too: a name is needed)
+    assert "2 serve classify: name one of reranker, sentiment" in error_of(two)[1]
+
+
+async def test_infinitys_rerank_answers_documents_as_texts(client: httpx.AsyncClient) -> None:
+    docs = texts(3, seed=8)
+    body = {"query": QUERY, "documents": docs, "return_documents": True}
+    cohere = (await client.post("/rerank", json=body)).json()
+    infinity = (await client.post("/rerank", json=body | {"raw_scores": False})).json()
+    assert [r["document"] for r in infinity["results"]] == [
+        r["document"]["text"] for r in cohere["results"]
+    ]
+    assert infinity["usage"]["prompt_tokens"] == infinity["usage"]["total_tokens"] > 0
+    raw = (await client.post("/rerank", json=body | {"raw_scores": True})).json()
+    tei = await client.post("/rerank", json={"query": QUERY, "texts": docs, "raw_scores": True})
+    assert [(r["index"], round(r["relevance_score"], 4)) for r in raw["results"]] == [
+        (r["index"], round(r["score"], 4)) for r in tei.json()
+    ]
+
+
+async def test_openais_routes_at_the_root_as_tei_and_infinity_serve_them(
+    client: httpx.AsyncClient,
+) -> None:
+    body = {"model": "default/not-specified", "input": ["a cat", "a dog"]}
+    bare = await client.post("/embeddings", json=body)
+    assert bare.status_code == 200, bare.text
+    want = await client.post("/v1/embeddings", json=body | {"model": "embedder"})
+    assert bare.json()["data"] == want.json()["data"]
+    listed = (await client.get("/models")).json()
+    assert listed == (await client.get("/v1/models")).json()

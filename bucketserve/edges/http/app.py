@@ -27,6 +27,7 @@ from bucketserve.edges.http import (
     contract,
     kserve_routes,
     openai_api,
+    pooling_api,
     shapes,
     tasks,
     tei_api,
@@ -83,6 +84,7 @@ def create_app(
     app.state.limits = limits
     app.include_router(kserve_routes.router)
     app.include_router(openai_api.router)
+    app.include_router(pooling_api.router)
     app.include_router(tasks.router)
     app.include_router(tei_api.router)
     app.include_router(cohere_api.router)

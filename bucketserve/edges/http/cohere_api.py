@@ -106,6 +106,11 @@ class RerankBody(Lenient):
     priority: Integer | None = Field(
         None, description="the server's priority level: 1 first; 0 or none, the default"
     )
+    raw_scores: StrictBool | None = Field(
+        None,
+        description="Infinity's: the logits, not their sigmoid; a body that has it is answered "
+        "as Infinity answers (each document a text)",
+    )
 
 
 async def rerank(request: Request) -> Response:
@@ -113,11 +118,12 @@ async def rerank(request: Request) -> Response:
     body: RerankBody = await body_of(request, RerankBody)
     documents = [document_text(d, i, body.rank_fields) for i, d in enumerate(body.documents)]
     pairs = TextPairs([(body.query, d) for d in documents], Truncation(body.truncate))
-    answer = await run(request, pairs, body.model, Rerank(), body.priority)
+    answer = await run(request, pairs, body.model, Rerank(bool(body.raw_scores)), body.priority)
     scores = [float(out[RELEVANCE]) for out in answer.outputs]
+    infinity = body.raw_scores is not None
     results = [
         {"index": i, "relevance_score": scores[i]}
-        | ({"document": as_sent(body.documents[i])} if body.return_documents else {})
+        | ({"document": sent(body.documents[i], infinity)} if body.return_documents else {})
         for i in ranked(scores, body.top_n)
     ]
     tokens = sum(answer.lengths)
@@ -126,7 +132,7 @@ async def rerank(request: Request) -> Response:
             "id": request_id(request),
             "results": results,
             "model": answer.model.name,
-            "usage": {"total_tokens": tokens},
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
             "meta": {"api_version": {"version": "2"}, "billed_units": {"search_units": 1}},
         }
     )
@@ -157,9 +163,10 @@ def document_text(document: str | dict[str, Any], index: int, fields: list[str] 
     return text
 
 
-def as_sent(document: str | dict[str, Any]) -> dict[str, Any]:
-    """A document as an answer returns it: an object as sent, a text as {text}."""
-    return {"text": document} if isinstance(document, str) else document
+def sent(document: str | dict[str, Any], infinity: bool) -> str | dict[str, Any]:
+    """A document as an answer returns it: an object as sent; a text as {text}, or (as
+    Infinity answers) as it is."""
+    return {"text": document} if isinstance(document, str) and not infinity else document
 
 
 for path in ("/v1/rerank", "/v2/rerank"):

@@ -8,7 +8,8 @@ holds the keys its clients read, and our code:
   which huggingface_hub, Haystack and LangChain read, and KServe's `{"error": message}`, which
   tritonclient and KServe's clients read.
 - `HOSTED`: the paths of the hosted APIs (OpenAI's `/v1/...`, Cohere's and Jina's, and the
-  copies vLLM and Infinity serve: `/embeddings`, `/score`, Cohere's two under `/v2`):
+  copies TEI, vLLM and Infinity serve: `/embeddings`, `/models`, `/score`, Cohere's two
+  under `/v2`):
   OpenAI's `{"error": {"message", "type", "param", "code"}}`, which its SDKs read, with
   Cohere's `message` and Jina's `detail` beside it (Jina's clients raise `KeyError` without).
 
@@ -25,8 +26,8 @@ from pydantic import BaseModel
 from bucketserve.edges.http.schemas import WHY, ErrorBody, HostedError
 from bucketserve.errors import BucketserveError, ModelNotReady, Unavailable, brief
 
-HOSTED_PREFIX = "/v1/"
-HOSTED_PATHS = frozenset({"/embeddings", "/score", "/v2/rerank", "/v2/embed"})
+HOSTED_PREFIXES = ("/v1/", "/models/")
+HOSTED_PATHS = frozenset({"/embeddings", "/models", "/score", "/v2/rerank", "/v2/embed"})
 
 
 class Dialect(Enum):
@@ -41,7 +42,7 @@ class Dialect(Enum):
 
 def dialect_of(path: str) -> Dialect:
     """The dialect of the route at `path`."""
-    hosted = path.startswith(HOSTED_PREFIX) or path in HOSTED_PATHS
+    hosted = path.startswith(HOSTED_PREFIXES) or path in HOSTED_PATHS
     return Dialect.HOSTED if hosted else Dialect.BARE
 
 

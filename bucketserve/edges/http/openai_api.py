@@ -1,5 +1,5 @@
 """OpenAI's embeddings API, as its SDKs (and LangChain, LlamaIndex, LiteLLM) send it:
-`POST /v1/embeddings` and `GET /v1/models`.
+`POST /v1/embeddings` and `GET /v1/models` (and at the root, as TEI's and Infinity's copies).
 
 A body becomes the core's one call (`Texts`, or `Sequences` for token ids) with the `Embed`
 head (`bucketserve.core.heads`): the core pools and normalises each sequence's outputs by the
@@ -41,7 +41,7 @@ from bucketserve.edges.http.schemas import Count, Integer, Lenient, inlined, is_
 from bucketserve.edges.http.task_call import said_ignored, said_stand_in
 from bucketserve.errors import BucketserveError, InvalidInput, MalformedRequest
 
-router = APIRouter(prefix="/v1", tags=["OpenAI"])
+router = APIRouter(tags=["OpenAI"])
 
 STARTED = int(time.time())  # `created` of every model: when this server loaded it
 
@@ -201,16 +201,6 @@ def encoded(vector: np.ndarray, encoding: str) -> str | np.ndarray:
     return vector
 
 
-@router.post(
-    "/embeddings",
-    response_model=EmbeddingsResponse,
-    responses=errors(Dialect.HOSTED, 400, 404, 413, 415, 422, 503, 504),
-    openapi_extra={
-        "requestBody": {"required": True, "content": {JSON: {"schema": inlined(EmbeddingsBody)}}},
-        "parameters": [TIMEOUT_PARAMETER, PRIORITY_PARAMETER],
-    },
-    summary="Embeddings, as OpenAI's API answers them",
-)
 async def embeddings(request: Request) -> Response:
     engine = engine_of(request)
     body: EmbeddingsBody = await read_json(request, limits_of(request).json(), read_embeddings)
@@ -250,25 +240,42 @@ def card(model: Model) -> dict[str, Any]:
     }
 
 
-@router.get(
-    "/models",
-    response_model=ModelList,
-    summary="The models that embed, rerank or classify (their tasks listed)",
-)
 async def models(request: Request) -> Response:
     served = engine_of(request).registry.models
     listed = [served[n] for n in sorted(served) if set(RETRIEVAL) & set(served[n].info.tasks)]
     return json_response({"object": "list", "data": [card(model) for model in listed]})
 
 
-@router.get(
-    "/models/{name}",
-    response_model=ModelCard,
-    responses=errors(Dialect.HOSTED, 400, 404, 422, 503),
-    summary="One model that embeds, reranks or classifies",
-)
 async def model(request: Request, name: str) -> Response:
     found = engine_of(request).model(name)
     if not set(RETRIEVAL) & set(found.info.tasks):
         raise not_served(found, f"serves none of {', '.join(RETRIEVAL)}")
     return json_response(card(found))
+
+
+# Under /v1, as OpenAI serves them, and at the root, as TEI and Infinity serve their copies.
+for prefix in ("/v1", ""):
+    router.post(
+        f"{prefix}/embeddings",
+        response_model=EmbeddingsResponse,
+        responses=errors(Dialect.HOSTED, 400, 404, 413, 415, 422, 503, 504),
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {JSON: {"schema": inlined(EmbeddingsBody)}},
+            },
+            "parameters": [TIMEOUT_PARAMETER, PRIORITY_PARAMETER],
+        },
+        summary="Embeddings, as OpenAI's API answers them",
+    )(embeddings)
+    router.get(
+        f"{prefix}/models",
+        response_model=ModelList,
+        summary="The models that embed, rerank or classify (their tasks listed)",
+    )(models)
+    router.get(
+        f"{prefix}/models/{{name}}",
+        response_model=ModelCard,
+        responses=errors(Dialect.HOSTED, 400, 404, 422, 503),
+        summary="One model that embeds, reranks or classifies",
+    )(model)

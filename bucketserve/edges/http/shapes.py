@@ -4,6 +4,8 @@ read: `common.read_json` parses it once).
 
 - `POST /predict`: ours (`sequences` or `text`), or text-embeddings-inference's
   classification (`inputs`: `tasks.classify`).
+- `POST /classify`: ours (`inputs`, TEI's /predict body), or vLLM's and Infinity's
+  (`input`: `pooling_api.classify`).
 - `POST /rerank`: TEI's (`query`, `texts`), or Cohere's as vLLM and Infinity take it there
   (`query`, `documents`).
 - `POST /` (TEI's root; `/invocations`, SageMaker's): the default model's own task, as TEI
@@ -20,7 +22,7 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 
 from bucketserve.core.task import Task
-from bucketserve.edges.http import cohere_api, predict, tasks, tei_api
+from bucketserve.edges.http import cohere_api, pooling_api, predict, tasks, tei_api
 from bucketserve.edges.http.common import engine_of, limits_of, read_json
 from bucketserve.edges.http.task_call import post
 from bucketserve.errors import TaskNotServed
@@ -40,6 +42,19 @@ async def predict_shapes(request: Request) -> Response:
     body: Any = await read_json(request, predict.budget(request))
     route = tasks.classify if isinstance(body, dict) and "inputs" in body else predict.predict
     return await route(request)
+
+
+@post(
+    router,
+    "/classify",
+    (tasks.ClassifyBody, pooling_api.InputBody),
+    "Each label's score for a text or a text pair, or a batch of them (ours, TEI's body); "
+    "or vLLM's and Infinity's classify (`input`)",
+)
+async def classify(request: Request) -> Response:
+    body: Any = await read_json(request, limits_of(request).json())
+    ours = not (isinstance(body, dict) and "input" in body and "inputs" not in body)
+    return await (tasks.classify if ours else pooling_api.classify)(request)
 
 
 @post(

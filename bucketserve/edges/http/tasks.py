@@ -122,13 +122,8 @@ class FillMaskBody(TextsBody):
     top_k: Positive = Field(5, description="the likeliest this many tokens for each mask")
 
 
-@post(
-    router,
-    "/classify",
-    ClassifyBody,
-    "Each label's score for a text or a text pair, or a batch of them",
-)
 async def classify(request: Request) -> Response:
+    """POST /classify in our shape, TEI's /predict body (`shapes` tells it from vLLM's)."""
     body: ClassifyBody = await body_of(request, ClassifyBody)
     texts = body.items
     if any(len(t) == 2 for t in texts) and any(len(t) == 1 for t in texts):

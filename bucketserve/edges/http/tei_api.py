@@ -12,6 +12,7 @@ default model when it serves the task, else to the one model that does.
 
 from __future__ import annotations
 
+import time
 from typing import Annotated, Any
 
 import numpy as np
@@ -192,12 +193,13 @@ UNHEALTHY: dict[int | str, dict[str, Any]] = {
     "/health",
     summary="Whether the server takes requests: 200, or 503 starting or draining",
     response_class=Response,
-    responses={200: {"description": "it takes requests (no body)"}, **UNHEALTHY},
+    responses={200: {"description": "it takes requests: {unix}, the server's clock"}, **UNHEALTHY},
 )
 async def health(request: Request) -> Response:
-    """text-embeddings-inference's health (also at GET / and /ping, as it serves it)."""
+    """text-embeddings-inference's health (also at GET / and /ping, as it serves it), with
+    Infinity's body (TEI's clients read the status alone; infinity_client reads `unix`)."""
     if engine_of(request).ready:
-        return Response(status_code=200)
+        return json_response({"unix": time.time()})
     return json_response(STARTING | {"code": "unavailable"}, 503)
 
 
