@@ -179,11 +179,11 @@ async def test_fields_the_servers_it_stands_in_for_ignore_are_ignored_and_said(
     this server, saying which in X-Ignored-Fields (escaped: a header holds any name sent)."""
     _, client, _ = served
     plain = await client.post("/v1/embeddings", json={"model": ST, "input": "x"})
-    odd = {"temperature": 1, "truncate_prompt_tokens": 3, "f\u00e9\n\u4e2d": 1}
+    odd = {"temperature": 1, "add_special_tokens": True, "f\u00e9\n\u4e2d": 1}
     extra = await client.post("/v1/embeddings", json={"model": ST, "input": "x"} | odd)
     assert extra.status_code == 200, extra.text
     assert extra.json()["data"] == plain.json()["data"]
-    said = "'f\\xe9\\n\\u4e2d', 'temperature', 'truncate_prompt_tokens'"
+    said = "'add_special_tokens', 'f\\xe9\\n\\u4e2d', 'temperature'"
     assert extra.headers["x-ignored-fields"] == said
     assert "x-ignored-fields" not in plain.headers
 

@@ -382,3 +382,66 @@ async def test_openais_routes_at_the_root_as_tei_and_infinity_serve_them(
     assert bare.json()["data"] == want.json()["data"]
     listed = (await client.get("/models")).json()
     assert listed == (await client.get("/v1/models")).json()
+
+
+# Every field of each request schema in text-embeddings-inference's OpenAPI document, and
+# of vLLM's pooling requests (its protocol's fields), on the route that serves it: answered,
+# with the fields that server ignores too (TEI's `user`; vLLM's `priority` of its own
+# scheduler, `add_special_tokens`) said in X-Ignored-Fields, never refused.
+TEI_REQUESTS = [
+    ("/embed", {"inputs": ["a cat"], "truncate": True, "truncation_direction": "Left",
+                "prompt_name": "query", "normalize": True, "dimensions": 32}, ""),
+    ("/embed_all", {"model": "embedder", "inputs": "a cat", "truncate": False,
+                    "truncation_direction": "Right", "prompt_name": None}, ""),
+    ("/embed_sparse", {"inputs": ["a cat"], "truncate": True,
+                       "truncation_direction": "Right", "prompt_name": None}, ""),
+    ("/predict", {"model": "sentiment", "inputs": [["a cat"], ["a dog"]], "raw_scores": True,
+                  "truncate": True, "truncation_direction": "Left"}, ""),
+    ("/rerank", {"query": "What is Deep Learning?", "texts": ["Deep Learning is ..."],
+                 "raw_scores": False, "return_text": True, "truncate": True,
+                 "truncation_direction": "Right"}, ""),
+    ("/similarity", {"inputs": {"source_sentence": "a", "sentences": ["b"]},
+                     "parameters": {"prompt_name": None, "truncate": True,
+                                    "truncation_direction": "Right"}}, ""),
+    ("/tokenize", {"inputs": ["a cat"], "add_special_tokens": True, "prompt_name": "query"}, ""),
+    ("/decode", {"ids": [101, 102], "skip_special_tokens": True}, ""),
+    ("/v1/embeddings", {"input": ["a cat"], "model": None, "encoding_format": "float",
+                        "dimensions": None, "user": "someone"}, ""),
+]  # fmt: skip
+VLLM_REQUESTS = [
+    ("/v1/embeddings", {"model": "embedder", "input": ["a cat"], "encoding_format": "float",
+                        "dimensions": 32, "user": None, "truncate_prompt_tokens": -1,
+                        "add_special_tokens": True, "priority": 0},
+     "'add_special_tokens', 'priority'"),
+    ("/score", {"model": "reranker", "text_1": "a", "text_2": ["b", "c"],
+                "truncate_prompt_tokens": -1}, ""),
+    ("/v1/score", {"model": "reranker", "queries": "a", "documents": ["b"]}, ""),
+    ("/rerank", {"model": "reranker", "query": "a", "documents": ["b", "c"], "top_n": 1,
+                 "truncate_prompt_tokens": -1}, ""),
+    ("/v1/rerank", {"model": "reranker", "query": "a", "documents": ["b"]}, ""),
+    ("/classify", {"model": "sentiment", "input": ["a cat"], "truncate_prompt_tokens": -1,
+                   "priority": 0}, "'priority'"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "ignored"),
+    [pytest.param(*r, id=f"tei {r[0]}") for r in TEI_REQUESTS]
+    + [pytest.param(*r, id=f"vllm {r[0]}") for r in VLLM_REQUESTS],
+)
+async def test_every_field_of_teis_and_vllms_requests(
+    client: httpx.AsyncClient, path: str, body: dict[str, Any], ignored: str
+) -> None:
+    answer = await client.post(path, json=body)
+    assert answer.status_code == 200, answer.text
+    assert answer.headers.get("X-Ignored-Fields", "") == ignored
+
+
+async def test_a_vllm_cut_shorter_than_the_model_is_refused(client: httpx.AsyncClient) -> None:
+    """vLLM's `truncate_prompt_tokens` of a count would answer for a shorter text than this
+    server ever cuts to: refused, never answered for the whole text."""
+    body = {"model": "embedder", "input": ["a cat"], "truncate_prompt_tokens": 8}
+    for path, form in (("/v1/embeddings", body), ("/score", {"text_1": "a", "text_2": "b"})):
+        refused = await client.post(path, json=form | {"truncate_prompt_tokens": 8})
+        assert refused.status_code == 400, refused.text
+        assert "truncate_prompt_tokens" in error_of(refused)[1]

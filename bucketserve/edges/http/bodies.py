@@ -18,6 +18,17 @@ from bucketserve.errors import InvalidInput
 Text = Annotated[StrictStr, Field(min_length=1)]
 
 
+# vLLM's `truncate_prompt_tokens`, as its clients send it: -1 is the model's max_length, where
+# a text is cut here too; a count below it would cut shorter than this server ever does, and
+# is refused rather than answered for a different text.
+PromptCut = Literal[-1] | None
+PROMPT_CUT = Field(
+    None,
+    description="vLLM's: -1 only (a text is cut at the model's max_length, as `truncate` "
+    "says); other counts are refused",
+)
+
+
 class TextCut(Lenient):
     """How a request's texts are cut and prompted."""
 
@@ -32,6 +43,7 @@ class TextCut(Lenient):
     prompt_name: StrictStr | None = Field(
         None, description="the model's prompt put before each text (its config's [prompts])"
     )
+    truncate_prompt_tokens: PromptCut = PROMPT_CUT
 
     @property
     def truncation(self) -> Truncation:

@@ -21,7 +21,7 @@ from bucketserve.core.calls import TextPairs, Texts
 from bucketserve.core.model import Truncation
 from bucketserve.core.tasks.classifier import RELEVANCE, Rerank
 from bucketserve.core.tasks.embedding import EMBEDDING, Embed
-from bucketserve.edges.http.bodies import Text, ranked
+from bucketserve.edges.http.bodies import PROMPT_CUT, PromptCut, Text, ranked
 from bucketserve.edges.http.common import (
     json_response,
     request_id,
@@ -106,6 +106,7 @@ class RerankBody(Lenient):
     priority: Integer | None = Field(
         None, description="the server's priority level: 1 first; 0 or none, the default"
     )
+    truncate_prompt_tokens: PromptCut = PROMPT_CUT
     raw_scores: StrictBool | None = Field(
         None,
         description="Infinity's: the logits, not their sigmoid; a body that has it is answered "

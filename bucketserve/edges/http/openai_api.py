@@ -25,6 +25,7 @@ from bucketserve.core.heads import not_served
 from bucketserve.core.model import Model, Truncation
 from bucketserve.core.task import Task
 from bucketserve.core.tasks.embedding import EMBEDDING, Embed
+from bucketserve.edges.http.bodies import PROMPT_CUT, PromptCut
 from bucketserve.edges.http.common import (
     JSON,
     PRIORITY_PARAMETER,
@@ -84,6 +85,7 @@ class EmbeddingsBody(Lenient):
     truncation_direction: Literal["right", "left"] = Field(
         "right", description="where a text is cut: its end (right) or its start (left)"
     )
+    truncate_prompt_tokens: PromptCut = PROMPT_CUT
 
 
 class EmbeddingItem(BaseModel):

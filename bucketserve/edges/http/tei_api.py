@@ -83,6 +83,10 @@ class TokenizeBody(Lenient):
     model: StrictStr | None = Field(None, min_length=1)
     inputs: Text | Annotated[list[Text], Field(min_length=1)]
     add_special_tokens: StrictBool = True
+    prompt_name: StrictStr | None = Field(
+        None,
+        description="the model's prompt put before each text: offsets are in the prompted text",
+    )
 
 
 class DecodeBody(Lenient):
@@ -172,7 +176,12 @@ async def similarity(request: Request) -> Response:
 async def tokenize(request: Request) -> Response:
     body: TokenizeBody = await body_of(request, TokenizeBody)
     texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
-    answer = await run(request, Texts(texts), body.model, Tokenize(body.add_special_tokens))
+    answer = await run(
+        request,
+        Texts(texts, prompt_name=body.prompt_name),
+        body.model,
+        Tokenize(body.add_special_tokens),
+    )
     return json_response([out[TOKENS].tolist() for out in answer.outputs])
 
 
