@@ -2,7 +2,9 @@
 sentence-transformers wrote (`model.onnx` or `onnx/model.onnx`, `tokenizer.json`,
 `config.json`, and for a sentence-transformers model `modules.json`, `sentence_bert_config.json`
 and `1_Pooling/config.json`) turned into a repository entry, then loaded and checked as the
-server loads it at start. It reads the local folder only; nothing is downloaded.
+server loads it at start. It reads the local folder only; nothing is downloaded. A folder of
+weights and no graph (safetensors, as the Hub holds most models) is exported by the command
+first (`modelgen.hf_folder`, the export extra), or refused naming optimum's command for it.
 
 What the folder says becomes the config: input roles from their names, the tokenizer's
 truncation from `sentence_bert_config.json` (else the model's maximum positions), bucket edges
@@ -41,11 +43,14 @@ POOLING_MODES = {  # 1_Pooling/config.json's flags -> the embedding rule's pooli
     "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len",
     "pooling_mode_lasttoken": "last",
 }
+POOLING_NAMES = {"mean": "mean_tokens", "cls": "cls_token", "max": "max_tokens"}  # (6.0's)
 POOLED_OUTPUT = "sentence_embedding"  # pooled in the graph already
 STEP_OUTPUTS = ("token_embeddings", "last_hidden_state")  # what 1_Pooling pools
 # RoBERTa-style position tables start past the padding index: two of their rows are not
 # positions a text can reach.
 POSITION_OFFSET = {"roberta": 2, "xlm-roberta": 2, "camembert": 2, "mpnet": 2, "longformer": 2}
+# sentence-transformers' module class names, as modules.json names them: before 6.0 all in
+# this package; since, each in its own (`...base.modules.normalize.Normalize`): read by class.
 MODULE = "sentence_transformers.models."
 SHORTEST_EDGE = 16
 
@@ -100,9 +105,47 @@ def _onnx_file(folder: Path) -> Path:
             f"{folder}: {len(found)} ONNX files and no {MODEL_FILE} ({names}): import the one "
             f"to serve from a folder that holds it alone, or name it {MODEL_FILE}"
         )
+    if weights_of(folder):
+        raise ConfigError(
+            f"{folder}: weights ({weights_of(folder)[0].name}) and no ONNX file: `bucketserve "
+            "models import` exports it when the export extra is installed (pip install "
+            f"'bucketserve[export]'); or export it with optimum: {optimum_command(folder)}, "
+            "then import that folder"
+        )
     raise ConfigError(
         f"{folder}: no ONNX file (optimum writes {MODEL_FILE} at the top, sentence-transformers "
         "in onnx/): export the model to ONNX first"
+    )
+
+
+WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+# optimum's task for what config.json's `architectures` name (else the per-token states)
+TASKS = {
+    "ForSequenceClassification": "text-classification",
+    "ForTokenClassification": "token-classification",
+    "ForMaskedLM": "fill-mask",
+}
+
+
+def weights_of(folder: Path) -> list[Path]:
+    """The weights files of a Hugging Face model folder that holds no ONNX graph (what the
+    Hub holds for most models, and what TEI loads): empty when it has a graph or no weights."""
+    graphs = [*folder.glob("*.onnx"), *(folder / "onnx").glob("*.onnx")]
+    return [] if graphs else [folder / w for w in WEIGHTS if (folder / w).is_file()]
+
+
+def task_of(folder: Path) -> str:
+    """optimum's export task of the model in `folder`, by its config.json."""
+    model_config = _json(folder / "config.json")
+    kinds = [task for kind, task in TASKS.items() if _is(model_config, kind)]
+    return kinds[0] if kinds else "feature-extraction"
+
+
+def optimum_command(folder: Path) -> str:
+    """The one command that exports `folder` to ONNX with optimum, beside it."""
+    return (
+        f"optimum-cli export onnx --model {folder} --task {task_of(folder)} "
+        f"{folder.with_name(folder.name + '-onnx')}"
     )
 
 
@@ -222,8 +265,8 @@ def _classifier(model_config: dict[str, Any], outputs: list[str]) -> dict[str, A
 
 
 def _max_length(folder: Path, model_config: dict[str, Any]) -> int:
-    """Texts are cut to sentence-transformers' `max_seq_length`, else to the positions the
-    model has."""
+    """Texts are cut to sentence-transformers' `max_seq_length` (sentence_bert_config.json's,
+    or since 6.0 the tokenizer's `model_max_length`), else to the positions the model has."""
     bert = _json(folder / "sentence_bert_config.json")
     if isinstance(bert.get("max_seq_length"), int) and bert["max_seq_length"] > 0:
         return int(bert["max_seq_length"])
@@ -233,13 +276,17 @@ def _max_length(folder: Path, model_config: dict[str, Any]) -> int:
             f"{folder}: neither sentence_bert_config.json's max_seq_length nor config.json's "
             "max_position_embeddings says how long a text may be"
         )
-    return positions - POSITION_OFFSET.get(str(model_config.get("model_type")), 0)
+    reachable = positions - POSITION_OFFSET.get(str(model_config.get("model_type")), 0)
+    # (a tokenizer that sets no limit says 10^30, transformers' "very large")
+    tokenizers = _json(folder / "tokenizer_config.json").get("model_max_length")
+    shorter = isinstance(tokenizers, int) and 0 < tokenizers < reachable
+    return int(tokenizers) if shorter else reachable
 
 
 def _embedding(folder: Path, outputs: list[str], notes: list[str]) -> dict[str, Any] | None:
     """The embedding rule the folder prescribes, or None (with a note saying why)."""
     modules = [m for m in _json(folder / "modules.json", list) if isinstance(m, dict)]
-    types = [str(m.get("type", "")).removeprefix(MODULE) for m in modules]
+    types = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules]
     normalize = "Normalize" in types
     if POOLED_OUTPUT in outputs:
         return {"output": POOLED_OUTPUT, "pooling": "none", "normalize": normalize}
@@ -261,13 +308,23 @@ def _embedding(folder: Path, outputs: list[str], notes: list[str]) -> dict[str, 
             "does not hold"
         )
         return None
-    chosen = [f for f, on in pooling_config.items() if f.startswith("pooling_mode_") and on is True]
+    chosen = _pooling_modes(pooling_config)
     if len(chosen) != 1 or chosen[0] not in POOLING_MODES:
         notes.append(
             f"no embedding: pooling {chosen or 'none'}; one of {sorted(POOLING_MODES)} is served"
         )
         return None
     return {"output": step_output, "pooling": POOLING_MODES[chosen[0]], "normalize": normalize}
+
+
+def _pooling_modes(pooling_config: dict[str, Any]) -> list[str]:
+    """The pooling modes 1_Pooling/config.json turns on, as `pooling_mode_*` flags (before
+    sentence-transformers 6.0) or as its `pooling_mode`, a name or a list (since)."""
+    named = pooling_config.get("pooling_mode")
+    if isinstance(named, str | list):
+        names = [named] if isinstance(named, str) else named
+        return [f"pooling_mode_{POOLING_NAMES.get(str(n), str(n))}" for n in names]
+    return [f for f, on in pooling_config.items() if f.startswith("pooling_mode_") and on is True]
 
 
 def bucket_edges(longest: int) -> list[int]:

@@ -117,9 +117,16 @@ def _models_build(args: argparse.Namespace) -> int:
 
 
 def _models_import(args: argparse.Namespace) -> int:
-    from bucketserve.loading.importer import import_model
+    import tempfile
 
-    imported = import_model(args.path, args.models, args.name)
+    from bucketserve.loading.importer import entry_name, import_model, weights_of
+
+    with tempfile.TemporaryDirectory() as exports:
+        folder, name = args.path, args.name
+        if folder.is_dir() and weights_of(folder):  # (weights, no graph: exported first)
+            name = name or entry_name(folder)
+            folder = _exported(folder, Path(exports))
+        imported = import_model(folder, args.models, name)
     model, served = imported.model, imported.model.info.served_config
     check = served["check"]
     print(f"wrote {imported.entry}: the ONNX file, tokenizer.json and this config.toml\n")
@@ -139,6 +146,27 @@ def _models_import(args: argparse.Namespace) -> int:
     for note in imported.notes:
         print(f"  note: {note}")
     return 0
+
+
+def _exported(folder: Path, exports: Path) -> Path:
+    """`folder`'s weights exported to ONNX and checked (the export extra), in `exports`."""
+    from bucketserve.loading.importer import optimum_command
+
+    try:
+        from modelgen.hf_folder import export_folder
+
+        exported = export_folder(folder, exports / folder.name)
+    except ModuleNotFoundError as missing:  # (torch, transformers: the export extra)
+        raise ConfigError(
+            f"{folder} holds weights and no ONNX file: exporting it needs {missing.name}, of the "
+            "export extra (pip install 'bucketserve[export]'); or export it with optimum: "
+            f"{optimum_command(folder)}, then import that folder"
+        ) from None
+    print(
+        f"exported {folder} to ONNX ({exported.task}) and checked it against the original: "
+        f"{exported.texts} texts, each alone, within {exported.largest_difference:.2g}"
+    )
+    return exported.folder
 
 
 def _converter(name: str, type_name: str) -> Callable[[str], Any]:

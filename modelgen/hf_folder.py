@@ -1,0 +1,130 @@
+"""A Hugging Face model folder of weights and no ONNX graph (safetensors: what the Hub holds
+for most models, and what text-embeddings-inference loads directly) exported as optimum
+exports one, for `bucketserve models import`: the transformers model its config.json names
+(optimum's task by its architecture: `importer.task_of`), traced to `model.onnx` by
+`hf_export`, beside copies of the folder's tokenizer and configs; then checked against the
+original, each text alone, on texts from one token to the longest the model takes, before
+the import goes on. Reads the folder only. Needs the export extra (torch, transformers).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bucketserve.errors import ConfigError
+from bucketserve.loading.builder import load_tokenizer
+from bucketserve.loading.importer import task_of
+from modelgen.hf_export import INPUTS, export_text_model
+
+STEPS = {0: "batch_size", 1: "sequence_length"}
+# Traced float32 against eager float32: measured below 1e-5 on BERT and MiniLM states; this
+# bound, relative to the output's scale, still tells a wrong graph (a dropped mask) apart.
+TOLERANCE = 1e-4
+WORDS = ["the", "cat", "sat", "on", "a", "mat", "while", "buckets", "of", "rain", "fell"]
+# Not weights, not another graph: copied beside the export (configs, tokenizer, module folders)
+LEFT_BEHIND = ("*.safetensors", "*.safetensors.index.json", "*.bin", "*.h5", "*.msgpack",
+               "*.ot", "*.pt", "*.pth", "*.onnx", "onnx", ".git")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Exported:
+    folder: Path  # the export, as `models import` reads one
+    task: str  # optimum's name of what was exported
+    texts: int  # how many texts it was checked on
+    largest_difference: float  # between the graph's outputs and the original's, over them
+
+
+def export_folder(source: Path, into: Path) -> Exported:
+    """`source` exported to the new folder `into`, and checked; ConfigError when the folder
+    names no model transformers has, or the graph does not answer as the original."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    task = task_of(source)
+    model, output, axes = _original(source, task)
+    inputs = tuple(i for i in INPUTS if i in _inputs_taken(model))
+    shutil.copytree(source, into, ignore=shutil.ignore_patterns(*LEFT_BEHIND))
+    module = _named(model, inputs, output)
+    export_text_model(module, into / "model.onnx", {output: axes}, model.config.vocab_size, inputs)
+    texts, difference = _checked(model, into, inputs, output)
+    return Exported(into, task, texts, difference)
+
+
+def _original(source: Path, task: str) -> tuple[Any, str, dict[int, str]]:
+    """The transformers model of the folder, and its output as optimum names it for `task`."""
+    import transformers
+
+    loaders = {
+        "text-classification": ("AutoModelForSequenceClassification", "logits", {0: "batch_size"}),
+        "token-classification": ("AutoModelForTokenClassification", "logits", STEPS),
+        "fill-mask": ("AutoModelForMaskedLM", "logits", STEPS),
+    }
+    loader, output, axes = loaders.get(task, ("AutoModel", "last_hidden_state", STEPS))
+    try:
+        model = getattr(transformers, loader).from_pretrained(source, local_files_only=True)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ConfigError(f"{source}: transformers cannot load it as {task}: {exc}") from None
+    return model.float().eval(), output, axes
+
+
+def _inputs_taken(model: Any) -> set[str]:
+    """The inputs the model reads: its ids and mask, and segment ids where it has segments
+    (BERT's two; RoBERTa's one is no input, as optimum exports it)."""
+    import inspect
+
+    taken = {"input_ids", "attention_mask"}
+    has_segments = getattr(model.config, "type_vocab_size", 0) > 1
+    if has_segments and "token_type_ids" in inspect.signature(model.forward).parameters:
+        taken.add("token_type_ids")
+    return taken
+
+
+def _named(model: Any, inputs: tuple[str, ...], output: str) -> Any:
+    """`model` as a module of positional tensors (`inputs`, in order) to its one `output`."""
+    import torch
+
+    class Named(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, *tensors: torch.Tensor) -> Any:
+            return getattr(self.model(**dict(zip(inputs, tensors, strict=True))), output)
+
+    return Named().eval()
+
+
+def _checked(model: Any, folder: Path, inputs: tuple[str, ...], output: str) -> tuple[int, float]:
+    """The export's output against the original's, each text alone, from one word to past the
+    longest the model takes (cut there, as the server cuts it); ConfigError past TOLERANCE."""
+    import onnxruntime
+    import torch
+
+    longest = min(512, model.config.max_position_embeddings - 2)  # (RoBERTa's offset of 2)
+    tokenizer = load_tokenizer(folder / "tokenizer.json", longest)
+    session = onnxruntime.InferenceSession(
+        str(folder / "model.onnx"), providers=["CPUExecutionProvider"]
+    )
+    texts = [" ".join(WORDS[i % len(WORDS)] for i in range(n)) for n in (1, 7, 60, 2 * longest)]
+    largest = 0.0
+    for text in texts:
+        encoded = tokenizer.encode(text)
+        fields = {"input_ids": encoded.ids, "attention_mask": encoded.attention_mask,
+                  "token_type_ids": encoded.type_ids}  # fmt: skip
+        feeds = {name: np.array([fields[name]], np.int64) for name in inputs}
+        got = session.run([output], feeds)[0]
+        with torch.no_grad():
+            want = getattr(model(**{k: torch.from_numpy(v) for k, v in feeds.items()}), output)
+        want = want.numpy()
+        difference = float(np.abs(got - want).max())
+        if difference > TOLERANCE * max(1.0, float(np.abs(want).max())):
+            raise ConfigError(
+                f"{folder.name}: the exported graph answers {difference:.3g} away from the "
+                f"original on a text of {len(encoded.ids)} tokens: not imported"
+            )
+        largest = max(largest, difference)
+    return len(texts), largest
