@@ -255,6 +255,43 @@ def test_openai_embeddings(app: App, refs: References, tier: str) -> None:
 
 
 @pytest.mark.parametrize("tier", TIERS)
+def test_tei_embed_the_root_and_similarity(app: App, refs: References, tier: str) -> None:
+    """TEI's /embed and its root (`normalize`; `truncate` left out: the server's
+    --auto-truncate, on) and /similarity, each vector or cosine against the model alone."""
+
+    @sweep(tier)
+    @given(
+        batch=texts,
+        side=sides,
+        truncate=st.sampled_from([None, True, False]),
+        normalize=st.booleans(),
+        path=st.sampled_from(["/embed", "/", "/similarity"]),
+    )
+    def check(
+        batch: list[str], side: str, truncate: bool | None, normalize: bool, path: str
+    ) -> None:
+        cut = {"truncation_direction": side} | ({} if truncate is None else {"truncate": truncate})
+        if path == "/similarity":
+            given = {"source_sentence": batch[0], "sentences": batch[1:] or batch}
+            body: dict[str, Any] = {"model": "embedder", "inputs": given, "parameters": cut}
+        else:
+            body = {"model": "embedder", "inputs": batch, "normalize": normalize} | cut
+        answer = app.post(path, body, len(batch))
+        if truncate is False and any(refs.too_long("embedder", t) for t in batch):
+            assert refused(answer)
+            return
+        assert answer.status_code == 200, answer.text
+        if path == "/similarity":
+            source, *others = (refs.embedding(t, side) for t in [batch[0], *(batch[1:] or batch)])
+            close(answer.json(), [float(np.dot(source, other)) for other in others])
+            return
+        for got, t in zip(answer.json(), batch, strict=True):
+            close(got, pooled_reference(refs.states(t, side), "mean", normalize=normalize))
+
+    check()
+
+
+@pytest.mark.parametrize("tier", TIERS)
 def test_cohere_embed(app: App, refs: References, tier: str) -> None:
     cuts = {"END": "right", "START": "left"}
 
@@ -351,21 +388,31 @@ def test_rerank(app: App, refs: References, tier: str) -> None:
         docs=texts,
         side=sides,
         truncate=st.booleans(),
-        shape=st.sampled_from(["tei", "cohere"]),
+        shape=st.sampled_from(["tei", "cohere", "vllm"]),
     )
     def check(query: str, docs: list[str], side: str, truncate: bool, shape: str) -> None:
         if shape == "tei":
             body = {"query": query, "texts": docs, "truncate": truncate, "raw_scores": True}
             answer = app.post("/rerank", body | {"truncation_direction": side}, len(docs))
-        else:
+        elif shape == "cohere":
             side = "right"  # (Cohere's body has no side: a pair is cut from its end)
             body = {"model": "reranker", "query": query, "documents": docs, "truncate": truncate}
             answer = app.post("/v1/rerank", body, len(docs))
+        else:  # vLLM's /score: no side, and cut as the server's --auto-truncate says (on)
+            side, truncate = "right", True
+            body = {"model": "reranker", "text_1": query, "text_2": docs}
+            answer = app.post("/score", body, len(docs))
         if not truncate and any(refs.too_long("reranker", query, d) for d in docs):
             assert refused(answer)
             return
         assert answer.status_code == 200, answer.text
-        results = answer.json() if shape == "tei" else answer.json()["results"]
+        given = answer.json()
+        if shape == "cohere":
+            results = given["results"]
+        elif shape == "vllm":
+            results = [{"index": d["index"], "relevance_score": d["score"]} for d in given["data"]]
+        else:
+            results = given
         assert sorted(r["index"] for r in results) == list(range(len(docs)))
         for r in results:
             logit = float(refs.logits(reranker, query, docs[r["index"]], side, "reranker")[0])
