@@ -25,7 +25,7 @@ from bucketserve.core.model import Model
 from bucketserve.core.task import Task
 from bucketserve.core.tasks.classifier import RELEVANCE, SCORES, Classify, Rerank, classifier_rule
 from bucketserve.core.tasks.embedding import EMBEDDING, Embed
-from bucketserve.edges.http.bodies import Text, TextOptions, ranked
+from bucketserve.edges.http.bodies import Text, TextOptions, ranked, refuse_prompt_for_pairs
 from bucketserve.edges.http.common import engine_of, json_response, request_id
 from bucketserve.edges.http.task_call import body_of, post, run
 from bucketserve.errors import InvalidInput, TaskNotServed
@@ -80,6 +80,7 @@ async def score(request: Request) -> Response:
     pairs = body.pairs()
     model = scorer(request, body.model)
     if Task.RERANK.value in model.info.tasks:
+        refuse_prompt_for_pairs(body.prompt_name)
         answer = await run(request, TextPairs(pairs, body.truncation), model.name, Rerank())
         scores = [float(out[RELEVANCE]) for out in answer.outputs]
     else:  # (each distinct text embedded once, in one call)
