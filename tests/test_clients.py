@@ -17,7 +17,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 import pytest
 
@@ -315,5 +314,45 @@ def test_each_clients_error_path_reads_the_servers_message(retrieval: str) -> No
     with pytest.raises(Exception, match="unknown model 'no-such-model'"):
         litellm.rerank(model="hosted_vllm/no-such-model", query=QUERY, documents=["a"],
                        api_base=f"{retrieval}/v1", api_key="unused")  # fmt: skip
-    refused = httpx.post(f"{retrieval}/rerank", json={"query": QUERY, "texts": []})
-    assert refused.json()["error_type"] == "Validation"  # (what Haystack's TEI ranker reads)
+    with pytest.raises(Exception, match="text 0: empty"):
+        litellm.embedding(model="infinity/minilm", input=[""], api_base=retrieval,
+                          api_key="unused")  # fmt: skip
+
+
+def test_more_clients_error_paths_read_the_servers_message(retrieval: str) -> None:
+    """Haystack's TEI ranker (TEI's `error` and `error_type`), infinity_client (the body, when
+    told to raise), Cohere's SDK (its `message`), LiteLLM's huggingface/ (the body): each
+    shows the server's message for a request the server refuses."""
+    import cohere
+    from haystack import Document
+    from haystack_integrations.components.rankers.huggingface_api import HuggingFaceTEIRanker
+    from infinity_client import Client
+    from infinity_client.api.default import rerank
+    from infinity_client.errors import UnexpectedStatus
+    from infinity_client.models import HTTPValidationError, RerankInput
+
+    many = [Document(content=f"document {i}") for i in range(300)]
+    with pytest.raises(RuntimeError, match="too many sequences: 300 > 256"):
+        HuggingFaceTEIRanker(url=retrieval, max_retries=1).run(query=QUERY, documents=many)
+
+    with Client(base_url=retrieval, raise_on_unexpected_status=True) as client:
+        body = RerankInput(query=QUERY, documents=[f"document {i}" for i in range(300)])
+        invalid = rerank.sync(client=client, body=body)  # (a 422 is its validation error)
+        with pytest.raises(UnexpectedStatus) as raised:
+            rerank.sync(client=client, body=RerankInput(query="", documents=["a"]))
+    assert isinstance(invalid, HTTPValidationError)
+    assert invalid.additional_properties["error"] == "too many sequences: 300 > 256"
+    assert raised.value.status_code == 400
+    assert b"String should have at least 1 character" in raised.value.content
+
+    sdk = cohere.ClientV2(base_url=retrieval, api_key="unused")
+    with pytest.raises(cohere.core.ApiError) as refused:
+        sdk.rerank(model="rerank-v3.5", query=QUERY, documents=["a"])
+    assert refused.value.status_code == 404
+    assert "unknown model 'rerank-v3.5'" in refused.value.body["message"]
+
+    import litellm
+
+    with pytest.raises(Exception, match="too many sequences: 300 > 256"):
+        litellm.rerank(model="huggingface/reranker", query=QUERY, api_base=retrieval,
+                       documents=[f"d {i}" for i in range(300)], api_key="unused")  # fmt: skip
