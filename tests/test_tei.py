@@ -341,6 +341,15 @@ async def test_vllms_and_infinitys_classify(client: httpx.AsyncClient) -> None:
         np.testing.assert_allclose(item["probs"], [by_label[label] for label in SENTIMENT],
                                    atol=TOLERANCE)  # fmt: skip
         assert item["label"] == want[0]["label"]
+    logits = await client.post(
+        "/classify", json={"model": "sentiment", "input": batch, "use_activation": False}
+    )
+    raw = await client.post("/classify", json={"model": "sentiment", "inputs": batch,
+                                               "raw_scores": True})  # fmt: skip
+    for item, want in zip(logits.json()["data"], raw.json(), strict=True):
+        by_label = {w["label"]: w["score"] for w in want}
+        np.testing.assert_allclose(item["probs"], [by_label[label] for label in SENTIMENT],
+                                   atol=TOLERANCE)  # fmt: skip
     infinity = await client.post(
         "/classify", json={"model": "sentiment", "input": batch, "raw_scores": False}
     )
@@ -420,7 +429,9 @@ VLLM_REQUESTS = [
                  "truncate_prompt_tokens": -1}, ""),
     ("/v1/rerank", {"model": "reranker", "query": "a", "documents": ["b"]}, ""),
     ("/classify", {"model": "sentiment", "input": ["a cat"], "truncate_prompt_tokens": -1,
-                   "priority": 0}, "'priority'"),
+                   "priority": 0, "user": None, "request_id": "r1", "add_special_tokens": True,
+                   "use_activation": False},
+     "'add_special_tokens', 'priority', 'request_id', 'user'"),
 ]  # fmt: skip
 
 

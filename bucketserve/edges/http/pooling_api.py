@@ -70,6 +70,13 @@ class InputBody(TextOptions):
 
     input: OneOrMany
     raw_scores: StrictBool | None = Field(None, description="Infinity's: the logits")
+    use_activation: StrictBool | None = Field(
+        None, description="vLLM's: false answers the logits (default: the model's activation)"
+    )
+
+    @property
+    def raw(self) -> bool:
+        return bool(self.raw_scores) or self.use_activation is False
 
 
 @post(router, "/score", ScoreBody, "Scores of text pairs, as vLLM's /score answers them")
@@ -114,7 +121,7 @@ async def classify(request: Request) -> Response:
     """vLLM's classify, or Infinity's (its body has `raw_scores`)."""
     body: InputBody = await body_of(request, InputBody)
     texts = Texts(as_list(body.input), body.truncation, body.prompt_name)
-    answer = await run(request, texts, body.model, Classify(bool(body.raw_scores)))
+    answer = await run(request, texts, body.model, Classify(body.raw))
     labels = classifier_rule(answer.model).labels
     scored = [out[SCORES] for out in answer.outputs]
     if body.raw_scores is not None:  # Infinity's
