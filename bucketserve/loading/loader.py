@@ -7,7 +7,6 @@ whichever asked for it. Sits over the builder, which makes one model of one spec
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ from bucketserve.core.registry import Registry
 from bucketserve.errors import ConfigError, LoadFailed
 from bucketserve.loading.builder import build_model
 from bucketserve.loading.config import BatchingConfig
+from bucketserve.loading.digests import Digests
 from bucketserve.loading.repository import (
     CONFIG_FILE,
     ModelSpec,
@@ -114,26 +114,6 @@ class Loader:
             return ()
         files = (p for p in sorted(folder.rglob("*")) if p.is_file())
         return tuple((str(p.relative_to(folder)), self._digests.of(p)) for p in files)
-
-
-class Digests:
-    """Files' content digests, each read again only once its status changed."""
-
-    def __init__(self) -> None:
-        self._known: dict[Path, tuple[tuple[int, int, int, int], str]] = {}
-
-    def of(self, path: Path) -> str:
-        stat = path.stat()
-        status = (stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino)
-        known = self._known.get(path)
-        if known is not None and known[0] == status:
-            return known[1]
-        digest = hashlib.sha256()
-        with path.open("rb") as file:
-            while chunk := file.read(2**20):
-                digest.update(chunk)
-        self._known[path] = (status, digest.hexdigest())
-        return self._known[path][1]
 
 
 @dataclass(frozen=True)
