@@ -174,6 +174,7 @@ class ModelInfo:
     task_rules: Mapping[Task, Any] = field(default_factory=dict)
     prompts: Mapping[str, str] = field(default_factory=dict)  # name -> text put before a text
     aliases: tuple[str, ...] = ()  # other names it answers to (its config's `aliases`)
+    fingerprint: str = ""  # the digest of what makes its answers (`loading.fingerprint`)
 
     def prompt(self, name: str | None) -> str:
         """The text put before each of a request's texts for `prompt_name` (None: none)."""

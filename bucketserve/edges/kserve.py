@@ -389,7 +389,7 @@ def described(tensor: Tensor) -> dict[str, Any]:
 
 def metadata(model: Model, versions: Iterable[int] = ()) -> dict[str, Any]:
     """The model's v2 metadata: the versions served (default: its own), the inputs a client
-    sends and the outputs it gets."""
+    sends and the outputs it gets, and (an extension) this version's fingerprint."""
     layout = model.info.layout
     return {
         "name": model.name,
@@ -398,6 +398,7 @@ def metadata(model: Model, versions: Iterable[int] = ()) -> dict[str, Any]:
         "inputs": [described(i.tensor) for i in layout.inputs if i.role in CLIENT_INPUTS]
         + ([TEXT_METADATA] if model.tokenizer is not None else []),
         "outputs": [described(with_batch_axis(o)) for o in layout.outputs],
+        "fingerprint": model.info.fingerprint,
     }
 
 

@@ -30,6 +30,8 @@ from bucketserve.core.model import Model, ModelInfo, SequenceRules
 from bucketserve.errors import ConfigError, brief
 from bucketserve.loading.batch_free import freed_spec
 from bucketserve.loading.check import Run, Traffic, measure, thread_difference
+from bucketserve.loading.digests import Digests
+from bucketserve.loading.fingerprint import fingerprint_of
 from bucketserve.loading.layouts import Served, layout_of
 from bucketserve.loading.mask_way import MaskWay, mask_of, mask_way, reads_input
 from bucketserve.loading.pad_safe import pad_safe_spec
@@ -84,13 +86,16 @@ def build_model(
     binding: str | None = None,
     cache_dir: Path | None = None,
     lone_batch_threads: int | None = None,
+    digests: Digests | None = None,
 ) -> Model:
     """Load `spec`: the file its sessions share, its layout, the invariance check and the
     policy it allows, the executor, then bind and warm the keys that the config asks for.
     `binding` overrides the config's mode and binding (tests, benchmarks); `cache_dir` is
     where session-per-key writes the weights its sessions share (default: the user's cache);
-    `lone_batch_threads`: threads of the runner for a batch that runs alone (None: none)."""
+    `lone_batch_threads`: threads of the runner for a batch that runs alone (None: none);
+    `digests`: the files' digests known already (model control's)."""
     began = time.perf_counter()
+    fingerprint = fingerprint_of(spec, digests)  # (of the files as given, not a served copy)
     wanted = binding or (spec.config.binding if spec.config.mode == "bucketing" else "mutable")
     checked, found = _served_copy(spec, wanted, cache_dir or default_cache_dir())
     spec, config, served = checked.spec, checked.spec.config, checked.served
@@ -135,6 +140,7 @@ def build_model(
         task_rules=served_tasks,
         prompts=dict(config.prompts or {}),
         aliases=tuple(config.aliases),
+        fingerprint=fingerprint,
     )
     described["tasks"] = info.tasks  # (the same mapping the config route serves)
     model = Model(info, executor, tokenizer, lone)

@@ -89,7 +89,11 @@ class Loader:
         settings = self.settings
         try:
             return build_model(
-                apply_overrides(spec, settings), settings.binding, settings.cache_dir, self.lone
+                apply_overrides(spec, settings),
+                settings.binding,
+                settings.cache_dir,
+                self.lone,
+                self._digests,
             )
         except ConfigError:
             raise

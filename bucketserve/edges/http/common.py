@@ -17,7 +17,7 @@ from fastapi import Request, Response
 from starlette.requests import ClientDisconnect
 
 from bucketserve.control import Control
-from bucketserve.core.calls import OFF_LOOP_BYTES, Call, Inputs
+from bucketserve.core.calls import OFF_LOOP_BYTES, Answer, Call, Inputs
 from bucketserve.core.engine import Engine
 from bucketserve.edges.auth import ApiKeys
 from bucketserve.edges.http.context import NOTES
@@ -300,6 +300,23 @@ async def _disconnected(request: Request) -> None:
     # The body has been read, so the next message the server sends is the disconnect.
     while (await request.receive())["type"] != "http.disconnect":
         pass
+
+
+FINGERPRINT = "X-Model-Fingerprint"
+
+
+async def answer_of(request: Request, call: Call) -> Answer:
+    """`call` run through the engine, unless the client goes away first; the answer says
+    which model version's content answered (`fingerprinted`)."""
+    answer = await unless_client_leaves(request, engine_of(request).infer(call))
+    fingerprinted(request, answer)
+    return answer
+
+
+def fingerprinted(request: Request, answer: Answer) -> None:
+    """The fingerprint of the model version that answered, in X-Model-Fingerprint: a user
+    who keeps answers can tell when the content behind a name and version changed."""
+    note(request, FINGERPRINT, answer.model.info.fingerprint)
 
 
 async def unless_client_leaves(request: Request, work: Awaitable[T]) -> T:

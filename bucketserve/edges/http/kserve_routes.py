@@ -23,6 +23,7 @@ from bucketserve.edges.http.common import (
     TIMEOUT_PARAMETER,
     control_of,
     engine_of,
+    fingerprinted,
     json_response,
     limits_of,
     media_type,
@@ -296,6 +297,7 @@ async def infer(request: Request, name: str, version: str | None) -> Response:
         request_tenant(request),
     )
     answer, tensors = await unless_client_leaves(request, work)
+    fingerprinted(request, answer)
     model = answer.model
     header: dict[str, Any] = {"model_name": model.name, "model_version": str(model.info.version)}
     if decoded.request.id is not None:

@@ -30,12 +30,12 @@ from bucketserve.edges.http.common import (
     JSON,
     PRIORITY_PARAMETER,
     TIMEOUT_PARAMETER,
+    answer_of,
     call_of,
     engine_of,
     json_response,
     limits_of,
     read_json,
-    unless_client_leaves,
 )
 from bucketserve.edges.http.dialects import Dialect, errors, names_are_hints
 from bucketserve.edges.http.schemas import Count, Integer, Lenient, inlined, is_integer
@@ -112,6 +112,7 @@ class ModelCard(BaseModel):
     created: int
     owned_by: str
     tasks: list[str] = Field(description="what it serves: predict, embed, rerank, classify...")
+    fingerprint: str = Field(description="the digest of what makes its answers")
 
 
 class ModelList(BaseModel):
@@ -213,7 +214,7 @@ async def embeddings(request: Request) -> Response:
     stand_in = names_are_hints(request.url.path)
     call = call_of(request, inputs, body.model, head=head, stand_in=stand_in)
     with blamed("input"):  # (unless the error names its own field: model, dimensions)
-        answer = await unless_client_leaves(request, engine.infer(call))
+        answer = await answer_of(request, call)
     said_stand_in(request, answer)
     vectors = [encoded(out[EMBEDDING], body.encoding_format) for out in answer.outputs]
     data = [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors)]
@@ -239,6 +240,7 @@ def card(model: Model) -> dict[str, Any]:
         "created": STARTED,
         "owned_by": "bucketserve",
         "tasks": model.info.tasks,
+        "fingerprint": model.info.fingerprint,
     }
 
 

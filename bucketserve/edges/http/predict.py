@@ -12,12 +12,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from bucketserve.core.calls import Inputs, Sequences, Texts
 from bucketserve.core.model import Truncation
 from bucketserve.edges.http.common import (
+    answer_of,
     call_of,
     engine_of,
     json_response,
     limits_of,
     read_json,
-    unless_client_leaves,
 )
 from bucketserve.edges.http.schemas import inlined
 from bucketserve.edges.limits import Budget
@@ -131,8 +131,7 @@ def budget(request: Request) -> Budget:
 
 async def predict(request: Request) -> Response:
     """POST /predict in our own shape (`shapes` tells it from text-embeddings-inference's)."""
-    engine = engine_of(request)
     body: Predict = await read_json(request, budget(request), read_predict)
     call = call_of(request, body.inputs, body.model, outputs=body.outputs, priority=body.priority)
-    answer = await unless_client_leaves(request, engine.infer(call))
+    answer = await answer_of(request, call)
     return json_response({"model": answer.model.name, "outputs": answer.outputs})

@@ -210,6 +210,9 @@ class ModelMetadata(BaseModel):
     platform: str
     inputs: list[TensorMetadata]
     outputs: list[TensorMetadata]
+    fingerprint: str = Field(
+        description="this version's fingerprint: the digest of what makes its answers"
+    )
 
 
 class IndexEntry(BaseModel):

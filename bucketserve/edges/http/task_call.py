@@ -18,12 +18,11 @@ from bucketserve.edges.http.common import (
     JSON,
     PRIORITY_PARAMETER,
     TIMEOUT_PARAMETER,
+    answer_of,
     call_of,
-    engine_of,
     limits_of,
     note,
     read_json,
-    unless_client_leaves,
 )
 from bucketserve.edges.http.dialects import dialect_of, errors, names_are_hints
 from bucketserve.edges.http.schemas import Lenient, Strict, inlined, validate
@@ -71,7 +70,7 @@ async def run(
     On a path whose servers ignore model names, an unknown one stands in (`names_are_hints`)."""
     stand_in = names_are_hints(request.url.path)
     call = call_of(request, inputs, name, head=head, priority=priority, stand_in=stand_in)
-    answer = await unless_client_leaves(request, engine_of(request).infer(call))
+    answer = await answer_of(request, call)
     said_stand_in(request, answer)
     return answer
 

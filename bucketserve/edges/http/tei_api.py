@@ -223,7 +223,7 @@ async def info(request: Request) -> Response:
     return json_response(
         {
             "model_id": model.name,
-            "model_sha": None,
+            "model_sha": model.info.fingerprint,
             "model_dtype": "float32",
             "model_type": model_type(model),
             "max_concurrent_requests": model.info.queue_capacity,
