@@ -164,6 +164,14 @@ class Settings:
             "with their error); without it, a model that fails to load stops the server"
         },
     )
+    locked: bool = field(
+        default=False,
+        metadata={
+            "help": "serve only model versions whose content matches their fingerprint in the "
+            "repository's bucketserve.lock (`bucketserve models lock` writes it), at start and "
+            "under model control"
+        },
+    )
     docs: bool = field(
         default=False,
         metadata={

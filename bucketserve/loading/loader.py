@@ -20,6 +20,8 @@ from bucketserve.errors import ConfigError, LoadFailed
 from bucketserve.loading.builder import build_model
 from bucketserve.loading.config import BatchingConfig
 from bucketserve.loading.digests import Digests
+from bucketserve.loading.fingerprint import fingerprint_of
+from bucketserve.loading.lock import held_to, read_lock
 from bucketserve.loading.repository import (
     CONFIG_FILE,
     ModelSpec,
@@ -51,6 +53,7 @@ class Loader:
         self.lone = lone  # threads of the runner for a batch that runs alone, if any
         self.root = settings.models
         self._digests = Digests()
+        self._built: dict[tuple[str, int], str] = {}  # each version's fingerprint, as built
 
     @property
     def one_model(self) -> bool:
@@ -85,8 +88,10 @@ class Loader:
 
     def build(self, spec: ModelSpec) -> Model:
         """One version, or ConfigError naming its file and why: anything but a ConfigError
-        is ONNX Runtime refusing the graph (or a bug), whose traceback goes to the log."""
+        is ONNX Runtime refusing the graph (or a bug), whose traceback goes to the log. Its
+        content is held to the repository's lock first (`hold_to_lock`)."""
         settings = self.settings
+        self.hold_to_lock(spec)
         try:
             return build_model(
                 apply_overrides(spec, settings),
@@ -103,6 +108,30 @@ class Loader:
                 f"{spec.onnx_path}: ONNX Runtime could not load or run the model: "
                 f"{type(exc).__name__}: {exc}"
             ) from None
+
+    def hold_to_lock(self, spec: ModelSpec) -> None:
+        """With `--locked`, a version whose content does not match its line in the lock is a
+        ConfigError (never served); unlocked, a lock it does not match, or content changed
+        under a version this loader built before, is said in a warning with both
+        fingerprints (answers kept from before may differ from those given now)."""
+        fingerprint = fingerprint_of(spec, self._digests)
+        lock = read_lock(self.root)
+        broken = held_to(lock, spec.name, spec.version, fingerprint)
+        if broken is not None and self.settings.locked:
+            raise ConfigError(broken)
+        if broken is not None and lock is not None:
+            log.warning("%s (served: --locked is off)", broken)
+        before = self._built.get((spec.name, spec.version))
+        if before is not None and before != fingerprint:
+            log.warning(
+                "model %s version %s: its content changed under the same version (%s before, "
+                "%s now): answers kept from before may differ from those it gives now",
+                spec.name,
+                spec.version,
+                before,
+                fingerprint,
+            )
+        self._built[(spec.name, spec.version)] = fingerprint
 
     def released(self) -> None:
         """A model was released: what its sessions held goes back to the system."""

@@ -148,6 +148,26 @@ def _models_import(args: argparse.Namespace) -> int:
     return 0
 
 
+def _models_lock(args: argparse.Namespace) -> int:
+    from bucketserve.loading.fingerprint import fingerprint_of
+    from bucketserve.loading.lock import write_lock
+    from bucketserve.loading.repository import load_repository
+
+    repository = load_repository(args.models, name=args.model_name)  # (every model, or why not)
+    fingerprints = {
+        name: {spec.version: fingerprint_of(spec) for spec in specs}
+        for name, specs in repository.models.items()
+    }
+    path = write_lock(args.models, fingerprints)
+    for name, versions in sorted(fingerprints.items()):
+        for version, fingerprint in sorted(versions.items()):
+            print(f"{name} {version} {fingerprint}")
+    for name in sorted(repository.unbuilt):
+        print(f"{name}: not built, not locked (lock again once `models build` made it)")
+    print(f"wrote {path}")
+    return 0
+
+
 def _exported(folder: Path, exports: Path) -> Path:
     """`folder`'s weights exported to ONNX and checked (the export extra), in `exports`."""
     from bucketserve.loading.importer import optimum_command
@@ -268,6 +288,16 @@ def parser() -> argparse.ArgumentParser:
     imports.add_argument("--name", help="the entry's name (default: the folder's)")
     _repository_flag(imports)
     imports.set_defaults(run=_models_import)
+    lock = models_commands.add_parser(
+        "lock",
+        help="write each model version's fingerprint to the repository's bucketserve.lock",
+        description="Fingerprint every model version the repository serves (its files and the "
+        "config fields that change answers) and write them to bucketserve.lock at its top; "
+        "`serve --locked` then serves only versions whose content still matches.",
+    )
+    _repository_flag(lock)
+    lock.add_argument("--model-name", help="the name of a one-model folder's model, as served")
+    lock.set_defaults(run=_models_lock)
     return top
 
 
