@@ -5,6 +5,7 @@ writes them, brought in with `models import`, served beside an embedder, every s
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import math
 import re
@@ -21,7 +22,9 @@ import onnx
 import pytest
 import torch
 
+from bucketserve.core.quantize import Calibration, EmbeddingType, quantized
 from bucketserve.core.tasks.sparse import SparsePooling, SparseRule
+from bucketserve.errors import InvalidInput
 from bucketserve.loading import load_engine
 from bucketserve.loading.check import difference
 from bucketserve.loading.importer import import_model
@@ -507,12 +510,49 @@ async def test_coheres_sdk_embeds_with_the_prompt_of_its_input_type(
     )
     np.testing.assert_allclose(document.embeddings.float_, await named("passage"), atol=1e-6)
     assert document.meta.billed_units.input_tokens > 0
-    refused = await client.post(
-        "/v2/embed",
-        json={"texts": ["a"], "input_type": "search_query", "embedding_types": ["int8"]},
+
+
+async def test_coheres_embedding_types_as_sentence_transformers_quantizes_them(
+    client: httpx.AsyncClient,
+) -> None:
+    """Every embedding type through Cohere's SDK, each equal to sentence-transformers'
+    `quantize_embeddings` of the float vectors (int8 and uint8 over the ranges the model's
+    calibration found, which its config route reports); base64 as float32's bytes."""
+    from sentence_transformers.util.quantization import quantize_embeddings
+
+    batch = [*texts(7, seed=31), "a", " ".join(["bucket"] * 200)]
+    v2 = cohere.AsyncClientV2(api_key="unused", base_url="http://test", httpx_client=client)
+    kinds = ["float", "int8", "uint8", "binary", "ubinary", "base64"]
+    got = await v2.embed(model="embedder", texts=batch, input_type="search_document",
+                         embedding_types=kinds)  # fmt: skip
+    floats = np.asarray(got.embeddings.float_, np.float32)
+    config = (await client.get("/v2/models/embedder/config")).json()
+    calibration = config["embedding_calibration"]
+    assert (calibration["source"], calibration["texts"]) == ("generated", 256)
+    ranges = np.asarray(calibration["ranges"], np.float32)
+    for kind in ("int8", "uint8"):
+        want = quantize_embeddings(floats, precision=kind, ranges=ranges)
+        np.testing.assert_array_equal(getattr(got.embeddings, kind), want)
+    for kind in ("binary", "ubinary"):
+        np.testing.assert_array_equal(
+            getattr(got.embeddings, kind), quantize_embeddings(floats, precision=kind)
+        )
+    decoded = [np.frombuffer(base64.b64decode(b), "<f4") for b in got.embeddings.base64]
+    np.testing.assert_array_equal(decoded, floats)
+    v1 = await client.post(
+        "/v1/embed",
+        json={
+            "model": "embedder",
+            "texts": batch,
+            "embedding_types": ["ubinary"],
+            "input_type": "search_document",
+        },
     )
-    assert refused.status_code == 400
-    assert "embedding_types" in error_of(refused)[1]
+    assert v1.json()["response_type"] == "embeddings_by_type"
+    assert v1.json()["embeddings"]["ubinary"] == got.embeddings.ubinary
+    whole = Calibration(ranges[0], ranges[1], 256, "generated")
+    with pytest.raises(InvalidInput, match="calibrated on the whole vector"):  # (a cut vector)
+        quantized(floats[:, :16], EmbeddingType.INT8, whole)
 
 
 async def test_tokenize_and_decode_with_the_models_tokenizer(client: httpx.AsyncClient) -> None:

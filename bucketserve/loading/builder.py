@@ -27,8 +27,10 @@ from tokenizers import Tokenizer
 from bucketserve.core.bucketing import BucketPlan, Invariance, Policy, round_up
 from bucketserve.core.layout import InputRole, Layout
 from bucketserve.core.model import Model, ModelInfo, SequenceRules
+from bucketserve.core.task import Task
 from bucketserve.errors import ConfigError, brief
 from bucketserve.loading.batch_free import freed_spec
+from bucketserve.loading.calibration import calibrated
 from bucketserve.loading.check import Run, Traffic, measure, thread_difference
 from bucketserve.loading.digests import Digests
 from bucketserve.loading.fingerprint import fingerprint_of
@@ -147,6 +149,12 @@ def build_model(
     every = batching.prepare == "all" and plan.policy is Policy.BUCKETS
     for key in [plan.default_key, *(plan.all_keys() if every else [])]:
         model.prepare(key)
+    calibration = calibrated(model, spec, cache_dir or default_cache_dir())
+    if calibration is not None:  # (the embedding's rule, with its ranges: int8 and uint8)
+        rules = dict(info.task_rules)
+        rules[Task.EMBED] = dataclasses.replace(rules[Task.EMBED], calibration=calibration)
+        model.info = dataclasses.replace(info, task_rules=rules)
+        described["embedding_calibration"] = calibration.described()
     loaded_s = time.perf_counter() - began
     described["load_seconds"] = {"total": round(loaded_s, 3), "check": round(checked.seconds, 3)}
     log.info(

@@ -197,6 +197,11 @@ class EmbeddingConfig(_Strict):
         description="the widths a request may cut it to (then normalised again), or 'any' "
         "(Matryoshka-trained); default: it may not be cut",
     )
+    calibration: str | None = Field(
+        default=None,
+        description="a file of texts, one a line, in the version's folder, whose vectors' "
+        "ranges int8 and uint8 answers scale to; default: texts drawn from the tokenizer",
+    )
 
     @field_validator("dimensions")
     @classmethod

@@ -6,21 +6,24 @@ document) pair one sequence, scored by the `Rerank` head, answered sorted by rel
 A body becomes the core's one call (`Texts`, with the `Embed` head), as OpenAI's does: its
 `input_type` chooses the model's prompt (`ModelInfo.prompt_of_type`: e5's `query: ` for
 `search_query`), its `truncate` how a long text is cut (`END`, `START`, or `NONE`: refused),
-`output_dimension` cuts the vector where the model's config allows it. Floats are the one
-embedding type served; another is refused naming it.
+`output_dimension` cuts the vector where the model's config allows it; `embedding_types`
+asks for floats, int8, uint8, binary, ubinary or base64 (`core.quantize`).
 """
 
 from __future__ import annotations
 
+import base64
 from typing import Annotated, Any, Literal
 
+import numpy as np
 from fastapi import APIRouter, Request, Response
 from pydantic import Field, StrictBool, StrictStr
 
 from bucketserve.core.calls import TextPairs, Texts
 from bucketserve.core.model import Truncation
+from bucketserve.core.quantize import Calibration, EmbeddingType, quantized
 from bucketserve.core.tasks.classifier import RELEVANCE, Rerank
-from bucketserve.core.tasks.embedding import EMBEDDING, Embed
+from bucketserve.core.tasks.embedding import EMBEDDING, Embed, embedding_rule
 from bucketserve.edges.http.bodies import PROMPT_CUT, PromptCut, Text, ranked
 from bucketserve.edges.http.common import (
     json_response,
@@ -35,17 +38,22 @@ router = APIRouter(tags=["Cohere"])
 CUTS = {"END": Truncation(), "START": Truncation(left=True), "NONE": Truncation(allowed=False)}
 
 
+Kind = Literal["float", "int8", "uint8", "binary", "ubinary", "base64"]
+
+
 class EmbedBody(Lenient):
-    """Cohere's embed (its SDKs' fields; an embedding type other than floats is refused, and
-    the fields that do not apply here are ignored and said)."""
+    """Cohere's embed (its SDKs' fields; the fields that do not apply here are ignored and
+    said)."""
 
     model: StrictStr | None = Field(None, min_length=1)
     texts: list[Annotated[StrictStr, Field(min_length=1)]] = Field(min_length=1)
     input_type: StrictStr | None = Field(
         None, description="search_query, search_document...: the model's prompt for it, if any"
     )
-    embedding_types: list[Literal["float"]] | None = Field(
-        None, description="float (the one type served)"
+    embedding_types: Annotated[list[Kind], Field(min_length=1)] | None = Field(
+        None,
+        description="float, int8, uint8 (scaled over the model's calibrated ranges), binary, "
+        "ubinary (the signs, eight to a byte), base64 (float32's bytes); default: float",
     )
     truncate: Literal["NONE", "START", "END"] = Field("END", description="how a long text is cut")
     output_dimension: Positive | None = Field(None, description="cut the vector to this width")
@@ -58,12 +66,15 @@ async def embed(request: Request, version: int) -> Response:
     body: EmbedBody = await body_of(request, EmbedBody)
     texts = Texts(body.texts, CUTS[body.truncate], input_type=body.input_type)
     answer = await run(request, texts, body.model, Embed(body.output_dimension), body.priority)
-    vectors = [out[EMBEDDING] for out in answer.outputs]
+    vectors = np.stack([out[EMBEDDING] for out in answer.outputs])
     by_type = version == 2 or body.embedding_types is not None
+    kinds = list(dict.fromkeys(body.embedding_types or ["float"]))
+    calibration = embedding_rule(answer.model).calibration
+    typed = {kind: typed_as(vectors, kind, calibration) for kind in kinds}
     reply: dict[str, Any] = {
         "id": request_id(request),
         "texts": body.texts,
-        "embeddings": {"float": vectors} if by_type else vectors,
+        "embeddings": typed if by_type else typed["float"],
         "response_type": "embeddings_by_type" if by_type else "embeddings_floats",
         "meta": {
             "api_version": {"version": str(version)},
@@ -71,6 +82,13 @@ async def embed(request: Request, version: int) -> Response:
         },
     }
     return json_response(reply)
+
+
+def typed_as(vectors: np.ndarray, kind: str, calibration: Calibration | None) -> Any:
+    """The vectors as Cohere answers `kind`: numbers, or base64 of float32's bytes."""
+    if kind == "base64":
+        return [base64.b64encode(v.astype("<f4").tobytes()).decode("ascii") for v in vectors]
+    return quantized(vectors, EmbeddingType(kind), calibration)
 
 
 @post(router, "/v1/embed", EmbedBody, "Embeddings (v1)")

@@ -25,7 +25,7 @@ from bucketserve.core.task import Task
 from bucketserve.edges.http import cohere_api, pooling_api, predict, tasks, tei_api
 from bucketserve.edges.http.common import engine_of, limits_of, read_json
 from bucketserve.edges.http.task_call import post
-from bucketserve.errors import TaskNotServed
+from bucketserve.errors import MalformedRequest, TaskNotServed
 
 router = APIRouter(tags=["Shared paths"])
 
@@ -102,7 +102,14 @@ async def root(request: Request) -> Response:
     model = registry.resolve(named if isinstance(named, str) and registry.knows(named) else None)
     for task, route in ROOT_TASKS:
         if task.value in model.info.tasks:
-            return await route(request)
+            try:
+                return await route(request)
+            except MalformedRequest as exc:  # (a body of the root's that is another task's)
+                raise TaskNotServed(
+                    f"the root answers model {model.name}'s own task, {task.value}, whose body "
+                    f"this is not: {exc.message}",
+                    param="model",
+                ) from None
     raise TaskNotServed(
         f"model {model.name} serves none of the tasks of the root (embed, embed_sparse, "
         f"classify_tokens, classify); it serves {', '.join(model.info.tasks)}",
