@@ -456,3 +456,23 @@ async def test_a_vllm_cut_shorter_than_the_model_is_refused(client: httpx.AsyncC
         refused = await client.post(path, json=form | {"truncate_prompt_tokens": 8})
         assert refused.status_code == 400, refused.text
         assert "truncate_prompt_tokens" in error_of(refused)[1]
+
+
+@pytest.mark.parametrize(
+    ("inputs", "said"),
+    [
+        ("", "body: inputs: String should have at least 1 character"),
+        ([""], "body: inputs.0: String should have at least 1 character"),
+        ([["0"]], "body: inputs.0.0: Input should be a valid integer"),
+        (5, "body: inputs: Input should be a valid string or a valid list"),
+    ],
+)
+async def test_a_refused_body_names_its_field_not_the_types_a_union_tried(
+    client: httpx.AsyncClient, inputs: Any, said: str
+) -> None:
+    """A body that none of a field's forms takes is refused naming the field by its path in
+    the body, the likeliest reason first (the branch that went deepest), never pydantic's
+    names of the types it tried (what huggingface_hub shows its user)."""
+    refused = await client.post("/embed", json={"inputs": inputs})
+    assert refused.status_code == 400
+    assert error_of(refused)[1] == said

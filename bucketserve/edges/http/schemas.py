@@ -42,15 +42,48 @@ class Lenient(BaseModel):
 
 
 def validate(schema: type[BaseModel], body: Any, where: str) -> Any:
-    """`body` as `schema`, or MalformedRequest naming the first fields that are wrong."""
+    """`body` as `schema`, or MalformedRequest naming the fields that are wrong (`problems`)."""
     try:
         return schema.model_validate(body)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p)[:32] for p in error['loc']) or where}: {error['msg']}"
-            for error in exc.errors()[:3]
-        )
-        raise MalformedRequest(f"{where}: {problems}") from None
+        raise MalformedRequest(f"{where}: {problems(exc, where)}") from None
+
+
+def problems(exc: ValidationError, where: str) -> str:
+    """What is wrong, as a client reads it: each field by its path in the body (not by the
+    types a union tried), the likeliest first: a value that broke a bound before one of
+    another type, the branch that went deepest before one that failed at once; the types a
+    field could have been, together. At most three fields."""
+    found: dict[str, list[tuple[bool, int, str]]] = {}
+    for error in exc.errors():
+        parts = [str(p)[:32] for p in error["loc"] if not _union_branch(p)]
+        a_type = str(error["type"]).endswith("_type")
+        found.setdefault(".".join(parts) or where, []).append((a_type, -len(parts), error["msg"]))
+    ranked = sorted(found.items(), key=lambda item: min(item[1])[:2])
+    said: list[tuple[str, str]] = []
+    for path, errors in ranked:
+        if any(other.startswith(path + ".") for other, _ in said):
+            continue  # (another branch of a union that went deeper already said it)
+        best = min(errors)[:2]
+        first, *others = dict.fromkeys(m for *rank, m in errors if tuple(rank) == best)
+        said.append((path, " or ".join([first, *(m.removeprefix(SHOULD) for m in others)])))
+    return "; ".join(f"{path}: {message}" for path, message in said[:3])
+
+
+SHOULD = "Input should be "
+
+
+def _union_branch(part: str | int) -> bool:
+    """Whether a part of an error's path names a type a union tried, not a field: pydantic's
+    tags (`constrained-str`, `list[...]`, `function-before[...]`, a class's name)."""
+    if isinstance(part, int):
+        return False
+    return (
+        "[" in part
+        or part[:1].isupper()
+        or part.startswith(("constrained-", "function-"))
+        or (part in ("str", "int", "float", "bool", "dict", "list", "none"))
+    )
 
 
 # -- errors ---------------------------------------------------------------------------------
