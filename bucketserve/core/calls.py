@@ -90,9 +90,27 @@ class Texts:
     truncation: Truncation = TRUNCATE
     prompt_name: str | None = None  # the model's prompt put before each text, if one is named
     input_type: str | None = None  # else Cohere's input type, whose prompt the model may have
+    long_inputs: str | None = None  # "windows" or "truncate"; None: the model's config says
 
     def count(self, model: Model) -> int:
         return len(self.texts)
+
+    def windows(self, model: Model, merges: bool) -> list[list[np.ndarray]] | None:
+        """Each text's windows (`Model.encode_windows`) when the texts are embedded whole:
+        the request asks (a head that cannot merge windows then refuses), or it leaves it to
+        the model's config, which asks and whose head merges; else None (cut as they are)."""
+        asked = self.long_inputs or model.info.long_inputs
+        if asked != "windows" or (self.long_inputs is None and not merges):
+            return None
+        if not merges:
+            raise InvalidInput(
+                "long_inputs windows: this task answers each text from one sequence; send "
+                "long_inputs truncate (embeddings merge windows)",
+                param="long_inputs",
+            )
+        prompted = self._prompted(model)
+        windows = model.encode_windows(prompted, model.info.window_overlap)
+        return [[model.validate(w, i) for w in text] for i, text in enumerate(windows)]
 
     @property
     def heavy(self) -> bool:
@@ -170,5 +188,5 @@ class Answer:
 
     model: Model
     outputs: list[Outputs]
-    lengths: list[int]
+    lengths: list[int]  # (a text embedded in windows: every token of its windows)
     stood_in_for: str | None = None  # the unknown name the call gave (`Call.stand_in`)

@@ -36,7 +36,7 @@ from typing import Any, cast
 import numpy as np
 
 from bucketserve.core.calls import Answer, Call, Inputs, Texts
-from bucketserve.core.heads import DirectHead, Picked, TextHead, answer_key
+from bucketserve.core.heads import DirectHead, Picked, TextHead, WindowHead, answer_key
 from bucketserve.core.layout import Outputs
 from bucketserve.core.lifecycle import Lifecycle
 from bucketserve.core.model import Model
@@ -266,13 +266,19 @@ class Engine:
             # one tokenisation that made the sequence; its answer is then the text's, not only
             # its ids', so neither the cache nor a shared run applies.
             reads_text = getattr(head, "reads_text", False)
-            read = functools.partial(_read, call.inputs, model, reads_text)
-            sequences, tokens = await asyncio.to_thread(read) if call.inputs.heavy else read()
+            merges = hasattr(head, "merged")  # (a head that makes a text's answer of windows')
+            read = functools.partial(_read, call.inputs, model, reads_text, merges)
+            sequences, tokens, windows = (
+                await asyncio.to_thread(read) if call.inputs.heavy else read()
+            )
             self.within_token_budget(sequences)
             admissible = getattr(head, "admissible", None)  # (what a task needs of a sequence)
             if admissible is not None:
                 for i, sequence in enumerate(sequences):
                     admissible(model, sequence, i)
+        whole = head
+        if windows is not None:  # (each window answers as the head's `per_window` says)
+            head = cast(WindowHead, head).per_window()
         if tokens is None:
             finishes = [functools.partial(head.answer, model)] * len(sequences)
         else:
@@ -285,7 +291,10 @@ class Engine:
         answers = await served.scheduler.infer(
             sequences, deadline, call.request_id, level, call.tenant, identities, finishes
         )
-        return Answer(model, answers, [len(s) for s in sequences])
+        lengths = [len(s) for s in sequences]
+        if windows is not None:
+            return _merged(cast(WindowHead, whole), model, answers, lengths, windows)
+        return Answer(model, answers, lengths)
 
     async def _answered_here(
         self, head: DirectHead, model: Model, served: Running, call: Call
@@ -304,15 +313,38 @@ def _lengths(answers: Sequence[Outputs]) -> list[int]:
 
 
 def _read(
-    inputs: Inputs, model: Model, with_tokens: bool
-) -> tuple[list[np.ndarray], list[list[dict[str, Any]]] | None]:
-    """The call's validated sequences, and (`with_tokens`) each text's tokens beside them,
-    from one tokenisation; InvalidInput where the inputs are not texts."""
+    inputs: Inputs, model: Model, with_tokens: bool, merges: bool
+) -> tuple[list[np.ndarray], list[list[dict[str, Any]]] | None, list[int] | None]:
+    """The call's validated sequences; (`with_tokens`) each text's tokens beside them, from
+    one tokenisation; or, for texts embedded whole (`Texts.windows`), every text's windows in
+    order, and how many each text has. InvalidInput where the inputs are not texts."""
+    if isinstance(inputs, Texts) and not with_tokens:
+        windows = inputs.windows(model, merges)
+        if windows is not None:
+            return [w for text in windows for w in text], None, [len(t) for t in windows]
     if not with_tokens:
-        return inputs.sequences(model), None
+        return inputs.sequences(model), None, None
     if not isinstance(inputs, Texts):
         raise InvalidInput("this task reads texts: send texts, not token ids or tensors")
-    return inputs.with_tokens(model)
+    return (*inputs.with_tokens(model), None)
+
+
+def _merged(
+    head: WindowHead,
+    model: Model,
+    answers: list[Outputs],
+    lengths: list[int],
+    windows: list[int],
+) -> Answer:
+    """Each text's answer made of its windows' (`head.merged`), and its length every token
+    of its windows (what usage counts)."""
+    merged, counted, start = [], [], 0
+    for count in windows:
+        end = start + count
+        merged.append(head.merged(model, answers[start:end], lengths[start:end]))
+        counted.append(sum(lengths[start:end]))
+        start = end
+    return Answer(model, merged, counted)
 
 
 @dataclass(frozen=True)

@@ -57,6 +57,16 @@ class TextHead(Head, Protocol):
     ) -> Outputs: ...
 
 
+class WindowHead(Head, Protocol):
+    """A head that answers a text embedded whole in windows (`Texts.windows`): each window by
+    `per_window`'s head, then the text's answer made of theirs (`merged`, with each window's
+    tokens)."""
+
+    def per_window(self) -> Head: ...
+
+    def merged(self, model: Model, windows: list[Outputs], lengths: list[int]) -> Outputs: ...
+
+
 class DirectHead(Head, Protocol):
     """A head that runs no model (`runs_model` False: the tokenizer alone): it answers a
     call's inputs whole."""

@@ -175,6 +175,8 @@ class ModelInfo:
     prompts: Mapping[str, str] = field(default_factory=dict)  # name -> text put before a text
     aliases: tuple[str, ...] = ()  # other names it answers to (its config's `aliases`)
     fingerprint: str = ""  # the digest of what makes its answers (`loading.fingerprint`)
+    long_inputs: str = "truncate"  # a text longer than the model: cut, or "windows"
+    window_overlap: int = 0  # windows: the tokens each shares with the one before
 
     def prompt(self, name: str | None) -> str:
         """The text put before each of a request's texts for `prompt_name` (None: none)."""
@@ -305,12 +307,31 @@ class Model:
 
     def _words(self, text: str) -> list[int | None]:
         """Each token's word, as the tokenizer splits `text` whole (no special tokens)."""
+        return list(self._whole().encode(text, add_special_tokens=False).word_ids)
+
+    def _whole(self) -> Tokenizer:
+        """The tokenizer that cuts nothing."""
         if self._uncut is None:  # (made once, on the first long text: a copy)
             assert self.tokenizer is not None
             uncut = type(self.tokenizer).from_str(self.tokenizer.to_str())
             uncut.no_truncation()
             self._uncut = uncut
-        return list(self._uncut.encode(text, add_special_tokens=False).word_ids)
+        return self._uncut
+
+    def encode_windows(self, texts: Sequence[str], overlap: int) -> list[list[np.ndarray]]:
+        """Each text whole, as windows of the model's length: its tokens cut into runs that
+        fill a window with the tokenizer's special tokens around them, each run starting
+        `overlap` tokens before the last one ended (a text that fits is one window, as
+        `encode` gives it). Nothing of a text is cut, its characters included."""
+        tokenizer = self._tokenizer(TRUNCATE)
+        room = self._max_tokens - tokenizer.num_special_tokens_to_add(False)
+        dtype = self.info.rules.dtype
+        windows = []
+        for encoding in self._whole().encode_batch(list(texts), add_special_tokens=False):
+            encoding.truncate(room, stride=overlap)
+            runs = [encoding, *encoding.overflowing]
+            windows.append([np.asarray(tokenizer.post_process(r).ids, dtype) for r in runs])
+        return windows
 
     def tokens(
         self, texts: Sequence[str], special: bool = True, truncation: Truncation = TRUNCATE

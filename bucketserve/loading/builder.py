@@ -32,6 +32,7 @@ from bucketserve.errors import ConfigError, brief
 from bucketserve.loading.batch_free import freed_spec
 from bucketserve.loading.calibration import calibrated
 from bucketserve.loading.check import Run, Traffic, measure, thread_difference
+from bucketserve.loading.config import TokenizerConfig
 from bucketserve.loading.digests import Digests
 from bucketserve.loading.fingerprint import fingerprint_of
 from bucketserve.loading.layouts import Served, layout_of
@@ -143,6 +144,8 @@ def build_model(
         prompts=dict(config.prompts or {}),
         aliases=tuple(config.aliases),
         fingerprint=fingerprint,
+        long_inputs=config.tokenizer.long_inputs if config.tokenizer is not None else "truncate",
+        window_overlap=_overlap(config.tokenizer, tokenizer),
     )
     described["tasks"] = info.tasks  # (the same mapping the config route serves)
     model = Model(info, executor, tokenizer, lone)
@@ -168,6 +171,19 @@ def build_model(
         checked.seconds,
     )
     return model
+
+
+def _overlap(config: TokenizerConfig | None, tokenizer: Tokenizer | None) -> int:
+    """The windows' overlap, checked: less than the tokens a window holds of a text."""
+    if config is None or tokenizer is None:
+        return 0
+    room = config.max_length - tokenizer.num_special_tokens_to_add(False)
+    if config.window_overlap >= room:
+        raise ConfigError(
+            f"[tokenizer] window_overlap {config.window_overlap}: a window holds {room} tokens "
+            "of a text (max_length less the special tokens); the overlap must be fewer"
+        )
+    return config.window_overlap
 
 
 def _served_copy(spec: ModelSpec, wanted: str, cache: Path) -> tuple[_Checked, dict[str, Any]]:

@@ -175,6 +175,14 @@ class TokenizerConfig(_Strict):
         description="texts are cut to this many characters before tokenising, so that one "
         "request's cost is bounded; default 32 x max_length, past any text max_length allows",
     )
+    long_inputs: Literal["truncate", "windows"] = Field(
+        default="truncate",
+        description="a text longer than max_length: cut (truncate), or embedded whole in "
+        "windows of max_length whose vectors are averaged (windows); a request may say",
+    )
+    window_overlap: int = Field(
+        default=0, ge=0, description="windows: the tokens each window shares with the one before"
+    )
 
     @property
     def chars(self) -> int:

@@ -76,7 +76,14 @@ class Embedding:
         """One sequence's output (its own steps only) -> its embedding, float32, cut to
         `dimensions` (already checked) and normalised again after the cut; `normalize`: the
         request's say (text-embeddings-inference's), None for the model's rule."""
-        pooled = _pooled(np.asarray(output, np.float32), self.pooling)
+        return self.finished(
+            _pooled(np.asarray(output, np.float32), self.pooling), dimensions, normalize
+        )
+
+    def finished(
+        self, pooled: np.ndarray, dimensions: int | None = None, normalize: bool | None = None
+    ) -> np.ndarray:
+        """A pooled vector normalised and cut as `vector` says."""
         if self.normalize if normalize is None else normalize:
             pooled = _normalised(pooled)
         if dimensions is not None and dimensions != len(pooled):
@@ -129,6 +136,19 @@ class Embed:
         rule = embedding_rule(model)
         vector = rule.vector(outputs[rule.output], self.dimensions, self.normalize)
         return {EMBEDDING: owned(vector)}
+
+    def per_window(self) -> Embed:
+        """What each window of a text embedded in windows answers: its pooled vector, whole
+        and not normalised (`merged` makes the text's)."""
+        return Embed(None, False)
+
+    def merged(self, model: Model, windows: list[Outputs], lengths: list[int]) -> Outputs:
+        """A text's embedding from its windows': the mean of their pooled vectors, each
+        weighted by its tokens, then normalised and cut as one sequence's would be."""
+        weights = np.asarray(lengths, np.float32)[:, None]
+        pooled = (weights * np.stack([w[EMBEDDING] for w in windows])).sum(axis=0) / weights.sum()
+        vector = embedding_rule(model).finished(pooled, self.dimensions, self.normalize)
+        return {EMBEDDING: owned(np.asarray(vector, np.float32))}
 
 
 def embedding_rule(model: Model) -> Embedding:

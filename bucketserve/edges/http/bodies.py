@@ -29,6 +29,15 @@ PROMPT_CUT = Field(
 )
 
 
+LongInputs = Literal["windows", "truncate"]
+LONG_INPUTS = Field(
+    None,
+    description="a text longer than the model takes: embedded whole in windows of the model's "
+    "length, their vectors averaged by their tokens (windows), or cut (truncate); default: "
+    "the model's config (`[tokenizer] long_inputs`)",
+)
+
+
 class TextCut(Lenient):
     """How a request's texts are cut and prompted."""
 
@@ -88,6 +97,7 @@ class InputsBody(TextOptions):
     routes take them: a text, an id list, or a list of either."""
 
     inputs: Text | Ids | Annotated[list[Text | Ids], Field(min_length=1)]
+    long_inputs: LongInputs | None = LONG_INPUTS
 
     def inputs_of(self, wire_bytes: int) -> Inputs:
         """The core's inputs: the texts, cut and prompted as the body says; or the id lists
@@ -96,7 +106,7 @@ class InputsBody(TextOptions):
         items = [given] if isinstance(given, str) or isinstance(given[0], int) else list(given)
         texts = [item for item in items if isinstance(item, str)]
         if len(texts) == len(items):
-            return Texts(texts, self.truncation, self.prompt_name)
+            return Texts(texts, self.truncation, self.prompt_name, long_inputs=self.long_inputs)
         if texts:
             raise InvalidInput("inputs: send texts or token id lists, not both", param="inputs")
         if self.prompt_name is not None:

@@ -25,7 +25,7 @@ from bucketserve.core.heads import not_served
 from bucketserve.core.model import Model, Truncation
 from bucketserve.core.task import Task
 from bucketserve.core.tasks.embedding import EMBEDDING, Embed
-from bucketserve.edges.http.bodies import PROMPT_CUT, PromptCut
+from bucketserve.edges.http.bodies import LONG_INPUTS, PROMPT_CUT, LongInputs, PromptCut
 from bucketserve.edges.http.common import (
     JSON,
     PRIORITY_PARAMETER,
@@ -86,6 +86,7 @@ class EmbeddingsBody(Lenient):
         "right", description="where a text is cut: its end (right) or its start (left)"
     )
     truncate_prompt_tokens: PromptCut = PROMPT_CUT
+    long_inputs: LongInputs | None = LONG_INPUTS
 
 
 class EmbeddingItem(BaseModel):
@@ -188,9 +189,9 @@ def inputs_of(body: EmbeddingsBody, wire_bytes: int, own_ids: bool) -> Inputs:
     given = body.input
     cut = Truncation(body.truncate, body.truncation_direction == "left")
     if isinstance(given, str):
-        return Texts([given], cut, body.prompt_name)
+        return Texts([given], cut, body.prompt_name, long_inputs=body.long_inputs)
     if isinstance(given[0], str):
-        return Texts(given, cut, body.prompt_name)
+        return Texts(given, cut, body.prompt_name, long_inputs=body.long_inputs)
     if body.prompt_name is not None:
         raise InvalidInput("prompt_name is put before texts: send texts", param="prompt_name")
     if isinstance(given[0], int):

@@ -1,0 +1,182 @@
+"""Long inputs in windows: a text longer than the model is embedded whole, as windows of the
+model's length (each with its special tokens, `window_overlap` tokens shared with the one
+before), each window alone through the model, the text's vector their pooled vectors'
+mean weighted by each window's tokens, normalised after. Against a reference made apart from
+the server: transformers' tokenizer cutting the text into overflowing windows with that
+stride, and the ONNX model alone at batch 1 on each."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from bucketserve.loading import load_engine
+from bucketserve.runtime.sessions import GraphFile, side_session
+from bucketserve.settings import Settings
+from tests.engines import serving
+from tests.exports import texts, tokenizer
+from tests.helpers import error_of
+from tests.task_exports import TaskRepository as Repository
+
+TOLERANCE = 1e-5
+MAX_LENGTH = 64  # (the embedder's config)
+
+
+def entry_with(task_repository: Repository, root: Path, **tokenizer_fields: Any) -> Path:
+    """The embedder's entry, its [tokenizer] given these fields."""
+    entry = root / "models" / "embedder"
+    shutil.copytree(task_repository.models / "embedder", entry)
+    config = entry / "config.toml"
+    extra = "".join(f"{k} = {v!r}\n".replace("'", '"') for k, v in tokenizer_fields.items())
+    config.write_text(config.read_text().replace("[tokenizer]\n", "[tokenizer]\n" + extra))
+    return entry.parent
+
+
+def reference(entry: Path, text: str, overlap: int) -> np.ndarray:
+    """The text's windows as transformers cuts them (overflowing, `overlap` as its stride),
+    each through the ONNX model alone, mean-pooled, averaged by their tokens, normalised."""
+    from transformers import PreTrainedTokenizerFast
+
+    own = tokenizer()
+    own.no_padding()
+    own.no_truncation()
+    fast = PreTrainedTokenizerFast(tokenizer_object=own, pad_token="[PAD]")
+    windows = fast(text, max_length=MAX_LENGTH, truncation=True, stride=overlap,
+                   return_overflowing_tokens=True)["input_ids"]  # fmt: skip
+    session = side_session(GraphFile(entry / "1" / "model.onnx", ("CPUExecutionProvider",)))
+    pooled, weights = [], []
+    for ids in windows:
+        feeds = {"input_ids": np.array([ids], np.int64)}
+        feeds |= {"attention_mask": np.ones_like(feeds["input_ids"])}
+        feeds |= {"token_type_ids": np.zeros_like(feeds["input_ids"])}
+        states = session.run(["last_hidden_state"], feeds)[0][0].astype(np.float64)
+        pooled.append(states.mean(axis=0))
+        weights.append(len(ids))
+    mean = np.average(np.stack(pooled), axis=0, weights=weights)
+    return mean / np.linalg.norm(mean)
+
+
+LONG = [" ".join(texts(40, seed=s)) for s in (41, 42)]  # (hundreds of tokens each)
+
+
+@pytest.mark.parametrize("overlap", [0, 8])
+async def test_a_long_text_is_the_token_weighted_mean_of_its_windows(
+    task_repository: Repository, tmp_path: Path, overlap: int
+) -> None:
+    models = entry_with(task_repository, tmp_path, window_overlap=overlap)
+    short = "a cat sat"
+    async with serving(load_engine(Settings(models=models))) as client:
+        body = {"model": "embedder", "input": [*LONG, short], "long_inputs": "windows"}
+        windowed = await client.post("/v1/embeddings", json=body)
+        tei = await client.post("/embed", json={"inputs": [*LONG, short], "long_inputs": "windows"})
+        cut = await client.post("/v1/embeddings", json=body | {"long_inputs": "truncate"})
+    assert windowed.status_code == tei.status_code == 200, windowed.text
+    got = [d["embedding"] for d in windowed.json()["data"]]
+    for vector, text in zip(got[:2], LONG, strict=True):
+        np.testing.assert_allclose(vector, reference(models / "embedder", text, overlap),
+                                   atol=TOLERANCE)  # fmt: skip
+    np.testing.assert_allclose(tei.json(), got, atol=TOLERANCE)
+    truncated = [d["embedding"] for d in cut.json()["data"]]
+    np.testing.assert_allclose(got[2], truncated[2], atol=TOLERANCE)  # (one window: the same)
+    assert not np.allclose(got[0], truncated[0], atol=1e-3)  # (the whole text, not its start)
+    tokens = windowed.json()["usage"]["prompt_tokens"]
+    assert tokens > cut.json()["usage"]["prompt_tokens"] + 2 * MAX_LENGTH  # (every window)
+
+
+async def test_the_config_chooses_windows_where_the_task_merges_them(
+    task_repository: Repository, tmp_path: Path
+) -> None:
+    """A model whose config says windows embeds long texts whole unasked; a request may
+    still ask to cut; a task that answers from one sequence cuts unless windows are asked,
+    and then it refuses."""
+    models = entry_with(task_repository, tmp_path, long_inputs="windows", window_overlap=4)
+    async with serving(load_engine(Settings(models=models))) as client:
+        unasked = await client.post("/embed", json={"inputs": LONG[0]})
+        asked_cut = await client.post("/embed", json={"inputs": LONG[0], "long_inputs": "truncate"})
+        sparse_cut = await client.post("/embed_all", json={"inputs": LONG[0]})
+        refused = await client.post(
+            "/embed_all", json={"inputs": LONG[0], "long_inputs": "windows"}
+        )
+    np.testing.assert_allclose(unasked.json()[0], reference(models / "embedder", LONG[0], 4),
+                               atol=TOLERANCE)  # fmt: skip
+    assert not np.allclose(asked_cut.json()[0], unasked.json()[0], atol=1e-3)
+    assert sparse_cut.status_code == 200
+    assert refused.status_code == 422
+    assert "long_inputs windows" in error_of(refused)[1]
+
+
+def test_an_overlap_a_window_cannot_hold_is_refused_at_load(
+    task_repository: Repository, tmp_path: Path
+) -> None:
+    from bucketserve.errors import ConfigError
+
+    models = entry_with(task_repository, tmp_path, window_overlap=MAX_LENGTH)
+    with pytest.raises(ConfigError, match="window_overlap 64: a window holds 62 tokens"):
+        load_engine(Settings(models=models))
+
+
+async def test_windows_are_bounded_by_the_request_token_limit(
+    task_repository: Repository, tmp_path: Path
+) -> None:
+    models = entry_with(task_repository, tmp_path)
+    settings = Settings(models=models, max_request_tokens=200)
+    async with serving(load_engine(settings)) as client:
+        refused = await client.post("/embed", json={"inputs": LONG[0], "long_inputs": "windows"})
+    assert refused.status_code == 422
+    assert "more than the limit of 200 per request" in error_of(refused)[1]
+
+
+@pytest.mark.slow
+async def test_a_5000_token_document_on_minilm_as_sentence_transformers_windows_it(
+    minilm_spec: Any, tmp_path: Path
+) -> None:
+    """The real all-MiniLM-L6-v2 served with a short max_length (128) and windows overlapping
+    by 16: a document of over 5,000 tokens (11,612 in 91 windows) embedded whole equals the
+    token-weighted mean of its windows, each embedded alone by sentence-transformers' own
+    modules (its Transformer and Pooling, normalised after), as its tokenizer cuts them."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    from modelgen.minilm import _model_source
+
+    models = tmp_path / "models"
+    shutil.copytree(minilm_spec.onnx_path.parent.parent, models / "minilm")
+    config = models / "minilm" / "config.toml"
+    text = config.read_text()
+    start = text.index("[tokenizer]\n")
+    end = text.find("\n[", start + 1)
+    tokenizer_section = text[start : end if end >= 0 else len(text)]
+    served = "\n".join(
+        line for line in tokenizer_section.splitlines() if not line.startswith("max_length")
+    )
+    served += '\nmax_length = 128\nlong_inputs = "windows"\nwindow_overlap = 16\n'
+    # (its per-token states pooled here, as sentence-transformers' Pooling pools them: the
+    # graph's own sentence_embedding is normalised already, and windows average what it gives)
+    pooled_here = 'output = "last_hidden_state"\npooling = "mean"'
+    text = text.replace('output = "sentence_embedding"\npooling = "none"', pooled_here)
+    config.write_text(text.replace(tokenizer_section, served))
+    document = " ".join(texts(700, seed=43))
+    st_model = SentenceTransformer(str(_model_source()), device="cpu")
+    windows = st_model.tokenizer(document, max_length=128, truncation=True, stride=16,
+                                 return_overflowing_tokens=True)["input_ids"]  # fmt: skip
+    assert sum(len(w) for w in windows) > 5000
+    pooled, weights = [], []
+    with torch.no_grad():
+        for ids in windows:
+            features = {"input_ids": torch.tensor([ids])}
+            features["attention_mask"] = torch.ones_like(features["input_ids"])
+            features["token_type_ids"] = torch.zeros_like(features["input_ids"])
+            out = st_model[1](st_model[0](features))["sentence_embedding"][0]
+            pooled.append(out.numpy().astype(np.float64))
+            weights.append(len(ids))
+    mean = np.average(np.stack(pooled), axis=0, weights=weights)
+    want = mean / np.linalg.norm(mean)
+    async with serving(load_engine(Settings(models=models))) as client:
+        answer = await client.post("/v1/embeddings", json={"model": "minilm", "input": document})
+    assert answer.status_code == 200, answer.text
+    np.testing.assert_allclose(answer.json()["data"][0]["embedding"], want, atol=TOLERANCE)
+    assert answer.json()["usage"]["prompt_tokens"] == sum(weights)
