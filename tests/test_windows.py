@@ -180,3 +180,90 @@ async def test_a_5000_token_document_on_minilm_as_sentence_transformers_windows_
     assert answer.status_code == 200, answer.text
     np.testing.assert_allclose(answer.json()["data"][0]["embedding"], want, atol=TOLERANCE)
     assert answer.json()["usage"]["prompt_tokens"] == sum(weights)
+
+
+def reranker_windows(repository: Repository, query: str, document: str, overlap: int) -> Any:
+    """The document's windows as transformers cuts a pair (the query whole, `only_second`,
+    `overlap` as its stride), each scored by the cross-encoder alone: logits and spans."""
+    fast = repository.reranker.fast
+    options = {"return_overflowing_tokens": True, "return_offsets_mapping": True}
+    cut = fast(query, document, max_length=RERANK_LENGTH, truncation="only_second",
+               stride=overlap, **options)  # fmt: skip
+    import torch
+
+    logits, spans = [], []
+    for n, ids in enumerate(cut["input_ids"]):
+        feeds = {k: torch.tensor([cut[k][n]]) for k in ("input_ids", "token_type_ids")}
+        feeds["attention_mask"] = torch.ones_like(feeds["input_ids"])
+        with torch.no_grad():
+            logits.append(float(repository.reranker.model(**feeds).logits[0][0]))
+        second = [o for o, t in zip(cut["offset_mapping"][n], cut["token_type_ids"][n],
+                                    strict=True) if t == 1 and o[1] > o[0]]  # fmt: skip
+        spans.append((second[0][0], second[-1][1]))
+        assert len(ids) <= RERANK_LENGTH
+    return logits, spans
+
+
+RERANK_LENGTH = 128  # (the reranker's config: its positions)
+QUERY = "where do the cats sleep"
+
+
+def reranker_entry(task_repository: Repository, root: Path, overlap: int) -> Path:
+    entry = root / "models" / "reranker"
+    shutil.copytree(task_repository.models / "reranker", entry)
+    config = entry / "config.toml"
+    config.write_text(config.read_text().replace(
+        "[tokenizer]\n", f"[tokenizer]\nwindow_overlap = {overlap}\n"))  # fmt: skip
+    return entry.parent
+
+
+async def test_a_long_document_is_scored_by_its_best_window(
+    task_repository: Repository, tmp_path: Path
+) -> None:
+    """Rerank in windows: the query whole in each window of the document; the document's
+    score its best window's, and the answer says which (its characters), on each rerank
+    route; against transformers' overflowing pairs and the cross-encoder on each alone."""
+    models = reranker_entry(task_repository, tmp_path, overlap=8)
+    docs = [" ".join(texts(30, seed=s)) for s in (51, 52)]
+    async with serving(load_engine(Settings(models=models))) as client:
+        body = {"query": QUERY, "texts": docs, "raw_scores": True, "long_inputs": "windows"}
+        tei = (await client.post("/rerank", json=body)).json()
+        cohere = await client.post("/v1/rerank", json={"query": QUERY, "documents": docs,
+                                                       "long_inputs": "windows"})  # fmt: skip
+        score = await client.post("/score", json={"text_1": QUERY, "text_2": docs,
+                                                  "long_inputs": "windows"})  # fmt: skip
+    for result in tei:
+        logits, spans = reranker_windows(task_repository, QUERY, docs[result["index"]], 8)
+        assert len(logits) > 2  # (long enough for several windows)
+        best = int(np.argmax(logits))
+        assert result["score"] == pytest.approx(logits[best], abs=TOLERANCE)
+        assert (result["window"]["start"], result["window"]["end"]) == spans[best]
+    by_index = {r["index"]: r for r in tei}
+    for result in cohere.json()["results"]:
+        want = 1 / (1 + np.exp(-by_index[result["index"]]["score"]))
+        assert result["relevance_score"] == pytest.approx(want, abs=TOLERANCE)
+        assert result["window"] == by_index[result["index"]]["window"]
+    for item in score.json()["data"]:
+        assert item["window"] == by_index[item["index"]]["window"]
+
+
+async def test_a_relevant_sentence_at_the_end_is_found_where_a_cut_loses_it(
+    task_repository: Repository, tmp_path: Path
+) -> None:
+    """The sentence the cross-encoder finds most relevant, put at the end of a long document
+    of others: cut, the document is scored by its start; in windows, by that sentence's
+    window, which the answer points to."""
+    reference = task_repository.reranker
+    candidates = texts(60, seed=53)
+    ranked = sorted(candidates, key=lambda c: reference.cross_encoder_score(QUERY, c))
+    filler, relevant = " ".join(ranked[:40]), ranked[-1]
+    document = f"{filler} {relevant}"
+    models = reranker_entry(task_repository, tmp_path, overlap=8)
+    async with serving(load_engine(Settings(models=models))) as client:
+        body = {"query": QUERY, "documents": [document], "truncate": True}
+        cut = (await client.post("/v1/rerank", json=body)).json()["results"][0]
+        whole = await client.post("/v1/rerank", json=body | {"long_inputs": "windows"})
+    found = whole.json()["results"][0]
+    assert found["relevance_score"] > cut["relevance_score"]
+    assert found["window"]["end"] == len(document)  # (the last window: the sentence's)
+    assert document.index(relevant) >= found["window"]["start"]

@@ -58,6 +58,26 @@ FOREIGN_IDS = (
 )
 
 
+# Each input's windows (a text, or a pair's document, taken whole), each window with the
+# characters of the text it holds (None where no answer says them)
+Windowed = list[list[tuple[np.ndarray, tuple[int, int] | None]]]
+
+
+def in_windows(asked: str | None, model: Model, merges: bool) -> bool:
+    """Whether inputs are taken whole, in windows: the request asks (and a head that cannot
+    make an answer of windows' then refuses), or it leaves it to the model's config, which
+    asks, and the head merges."""
+    if (asked or model.info.long_inputs) != "windows" or (asked is None and not merges):
+        return False
+    if not merges:
+        raise InvalidInput(
+            "long_inputs windows: this task answers each input from one sequence; send "
+            "long_inputs truncate (embeddings and rerank scores merge windows)",
+            param="long_inputs",
+        )
+    return True
+
+
 @dataclass(frozen=True)
 class Sequences:
     """Items as sent: token id lists, or per-step feature vectors (time first). `own_ids`:
@@ -95,22 +115,13 @@ class Texts:
     def count(self, model: Model) -> int:
         return len(self.texts)
 
-    def windows(self, model: Model, merges: bool) -> list[list[np.ndarray]] | None:
-        """Each text's windows (`Model.encode_windows`) when the texts are embedded whole:
-        the request asks (a head that cannot merge windows then refuses), or it leaves it to
-        the model's config, which asks and whose head merges; else None (cut as they are)."""
-        asked = self.long_inputs or model.info.long_inputs
-        if asked != "windows" or (self.long_inputs is None and not merges):
+    def windows(self, model: Model, merges: bool) -> Windowed | None:
+        """Each text's windows (`Model.encode_windows`) when the texts are taken whole
+        (`in_windows`), else None (cut as they are)."""
+        if not in_windows(self.long_inputs, model, merges):
             return None
-        if not merges:
-            raise InvalidInput(
-                "long_inputs windows: this task answers each text from one sequence; send "
-                "long_inputs truncate (embeddings merge windows)",
-                param="long_inputs",
-            )
-        prompted = self._prompted(model)
-        windows = model.encode_windows(prompted, model.info.window_overlap)
-        return [[model.validate(w, i) for w in text] for i, text in enumerate(windows)]
+        windows = model.encode_windows(self._prompted(model), model.info.window_overlap)
+        return [[(model.validate(w, i), None) for w in text] for i, text in enumerate(windows)]
 
     @property
     def heavy(self) -> bool:
@@ -144,18 +155,35 @@ class TextPairs:
 
     pairs: Sequence[tuple[str, str]]
     truncation: Truncation = TRUNCATE
+    long_inputs: str | None = None  # "windows" or "truncate"; None: the model's config says
 
     def count(self, model: Model) -> int:
         return len(self.pairs)
+
+    def windows(self, model: Model, merges: bool) -> Windowed | None:
+        """Each pair's windows (`Model.encode_pair_windows`: the query whole in each, the
+        document in runs, with the characters each holds) when the documents are taken whole
+        (`in_windows`), else None (cut as they are)."""
+        if not in_windows(self.long_inputs, model, merges):
+            return None
+        self._refuse_empty()
+        windows = model.encode_pair_windows(self.pairs, model.info.window_overlap)
+        return [
+            [(segmented(model.validate(token_ids(w), i), w["segment"]), span) for w, span in pair]
+            for i, pair in enumerate(windows)
+        ]
+
+    def _refuse_empty(self) -> None:
+        empty = next((i for i, pair in enumerate(self.pairs) if not all(pair)), None)
+        if empty is not None:
+            raise InvalidInput(f"pair {empty}: a text is empty")
 
     @property
     def heavy(self) -> bool:
         return sum(len(a) + len(b) for a, b in self.pairs) > INLINE_TEXT_CHARS
 
     def sequences(self, model: Model) -> list[np.ndarray]:
-        empty = next((i for i, pair in enumerate(self.pairs) if not all(pair)), None)
-        if empty is not None:
-            raise InvalidInput(f"pair {empty}: a text is empty")
+        self._refuse_empty()
         encoded = model.encode(self.pairs, self.truncation)
         return [
             segmented(model.validate(token_ids(seq), i), seq["segment"])

@@ -35,7 +35,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from bucketserve.core.calls import Answer, Call, Inputs, Texts
+from bucketserve.core.calls import Answer, Call, Inputs, TextPairs, Texts, Windowed
 from bucketserve.core.heads import DirectHead, Picked, TextHead, WindowHead, answer_key
 from bucketserve.core.layout import Outputs
 from bucketserve.core.lifecycle import Lifecycle
@@ -314,14 +314,15 @@ def _lengths(answers: Sequence[Outputs]) -> list[int]:
 
 def _read(
     inputs: Inputs, model: Model, with_tokens: bool, merges: bool
-) -> tuple[list[np.ndarray], list[list[dict[str, Any]]] | None, list[int] | None]:
+) -> tuple[list[np.ndarray], list[list[dict[str, Any]]] | None, Windowed | None]:
     """The call's validated sequences; (`with_tokens`) each text's tokens beside them, from
-    one tokenisation; or, for texts embedded whole (`Texts.windows`), every text's windows in
-    order, and how many each text has. InvalidInput where the inputs are not texts."""
-    if isinstance(inputs, Texts) and not with_tokens:
+    one tokenisation; or, for inputs taken whole (`Texts.windows`, `TextPairs.windows`),
+    every input's windows in order, and the windows. InvalidInput where the inputs are not
+    texts."""
+    if isinstance(inputs, Texts | TextPairs) and not with_tokens:
         windows = inputs.windows(model, merges)
         if windows is not None:
-            return [w for text in windows for w in text], None, [len(t) for t in windows]
+            return [seq for each in windows for seq, _ in each], None, windows
     if not with_tokens:
         return inputs.sequences(model), None, None
     if not isinstance(inputs, Texts):
@@ -330,18 +331,15 @@ def _read(
 
 
 def _merged(
-    head: WindowHead,
-    model: Model,
-    answers: list[Outputs],
-    lengths: list[int],
-    windows: list[int],
+    head: WindowHead, model: Model, answers: list[Outputs], lengths: list[int], windows: Windowed
 ) -> Answer:
-    """Each text's answer made of its windows' (`head.merged`), and its length every token
-    of its windows (what usage counts)."""
+    """Each input's answer made of its windows' (`head.merged`, with the characters each
+    holds), and its length every token of its windows (what usage counts)."""
     merged, counted, start = [], [], 0
-    for count in windows:
-        end = start + count
-        merged.append(head.merged(model, answers[start:end], lengths[start:end]))
+    for each in windows:
+        end = start + len(each)
+        spans = [span for _, span in each]
+        merged.append(head.merged(model, answers[start:end], lengths[start:end], spans))
         counted.append(sum(lengths[start:end]))
         start = end
     return Answer(model, merged, counted)

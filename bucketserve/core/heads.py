@@ -58,13 +58,19 @@ class TextHead(Head, Protocol):
 
 
 class WindowHead(Head, Protocol):
-    """A head that answers a text embedded whole in windows (`Texts.windows`): each window by
-    `per_window`'s head, then the text's answer made of theirs (`merged`, with each window's
-    tokens)."""
+    """A head that answers an input taken whole in windows (`Texts.windows`,
+    `TextPairs.windows`): each window by `per_window`'s head, then the input's answer made of
+    theirs (`merged`, with each window's tokens and the characters it holds)."""
 
     def per_window(self) -> Head: ...
 
-    def merged(self, model: Model, windows: list[Outputs], lengths: list[int]) -> Outputs: ...
+    def merged(
+        self,
+        model: Model,
+        windows: list[Outputs],
+        lengths: list[int],
+        spans: list[tuple[int, int] | None],
+    ) -> Outputs: ...
 
 
 class DirectHead(Head, Protocol):

@@ -333,6 +333,40 @@ class Model:
             windows.append([np.asarray(tokenizer.post_process(r).ids, dtype) for r in runs])
         return windows
 
+    def encode_pair_windows(
+        self, pairs: Sequence[tuple[str, str]], overlap: int
+    ) -> list[list[tuple[np.ndarray, tuple[int, int]]]]:
+        """Each (query, document) pair with the document whole: the query kept whole in every
+        window and the document's tokens cut into runs that fill the rest, as
+        `encode_windows` cuts a text; each window with its segments, and the characters of
+        the document it holds."""
+        tokenizer = self._tokenizer(TRUNCATE)
+        whole = self._whole()
+        frame = tokenizer.num_special_tokens_to_add(True)
+        dtype = self.info.rules.dtype
+        windows = []
+        for i, (query, document) in enumerate(pairs):
+            asked = whole.encode(query, add_special_tokens=False)
+            room = self._max_tokens - frame - len(asked.ids)
+            if room <= overlap:
+                raise InvalidInput(
+                    f"pair {i}: the query takes {len(asked.ids)} of the model's "
+                    f"{self._max_tokens} tokens, and leaves windows of the document none "
+                    f"past their overlap ({overlap}); send a shorter query, or long_inputs "
+                    "truncate"
+                )
+            encoding = whole.encode(document, add_special_tokens=False)
+            encoding.truncate(room, stride=overlap)
+            runs = [encoding, *encoding.overflowing]
+            pair_windows = []
+            for run in runs:
+                framed = tokenizer.post_process(asked, run)
+                ids = segmented(np.asarray(framed.ids, dtype), framed.type_ids)
+                span = (run.offsets[0][0], run.offsets[-1][1]) if run.offsets else (0, 0)
+                pair_windows.append((ids, span))
+            windows.append(pair_windows)
+        return windows
+
     def tokens(
         self, texts: Sequence[str], special: bool = True, truncation: Truncation = TRUNCATE
     ) -> list[list[dict[str, Any]]]:

@@ -18,6 +18,7 @@ from bucketserve.core.task import Task
 
 SCORES = "scores"  # what `Classify` answers: a score for each label, in the labels' order
 RELEVANCE = "relevance"  # what `Rerank` answers: a pair's relevance, one number
+WINDOW = "window"  # and for a document in windows: the characters of its best (start, end)
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,23 @@ class Rerank:
     def answer(self, model: Model, outputs: Outputs, sequence: np.ndarray) -> Outputs:
         rule = classifier_rule(model)
         return {RELEVANCE: np.asarray(rule.relevance(outputs[rule.output], self.raw), np.float32)}
+
+    def per_window(self) -> Rerank:
+        """Each window of a document taken whole (the query whole in each) is scored alone."""
+        return self
+
+    def merged(
+        self,
+        model: Model,
+        windows: list[Outputs],
+        lengths: list[int],
+        spans: list[tuple[int, int] | None],
+    ) -> Outputs:
+        """A document's relevance: its best window's, and which characters that window holds
+        (`WINDOW`: start, end)."""
+        best = int(np.argmax([float(w[RELEVANCE]) for w in windows]))
+        span = spans[best] or (0, 0)
+        return {RELEVANCE: windows[best][RELEVANCE], WINDOW: np.asarray(span, np.int64)}
 
 
 def classifier_rule(model: Model) -> Classifier:

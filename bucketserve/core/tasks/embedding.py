@@ -142,7 +142,13 @@ class Embed:
         and not normalised (`merged` makes the text's)."""
         return Embed(None, False)
 
-    def merged(self, model: Model, windows: list[Outputs], lengths: list[int]) -> Outputs:
+    def merged(
+        self,
+        model: Model,
+        windows: list[Outputs],
+        lengths: list[int],
+        spans: list[tuple[int, int] | None],
+    ) -> Outputs:
         """A text's embedding from its windows': the mean of their pooled vectors, each
         weighted by its tokens, then normalised and cut as one sequence's would be."""
         weights = np.asarray(lengths, np.float32)[:, None]

@@ -5,13 +5,15 @@ options of cutting and prompting it, texts as the core's inputs, and answers ran
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Annotated, Literal, Self
+from typing import Annotated, Any, Literal, Self
 
 import numpy as np
 from pydantic import Field, StrictBool, StrictStr
 
 from bucketserve.core.calls import Inputs, Sequences, Texts
+from bucketserve.core.layout import Outputs
 from bucketserve.core.model import Truncation
+from bucketserve.core.tasks.classifier import WINDOW
 from bucketserve.edges.http.schemas import Integer, Lenient
 from bucketserve.errors import InvalidInput
 
@@ -129,3 +131,12 @@ def refuse_prompt_for_pairs(prompt_name: str | None) -> None:
             "texts (embed or classify texts, not pairs, to use one)",
             param="prompt_name",
         )
+
+
+def window_of(answer: Outputs) -> dict[str, Any]:
+    """A document scored in windows: the characters of its best window (`window`), as the
+    answers of the rerank routes add it; nothing for one scored whole."""
+    if WINDOW not in answer:
+        return {}
+    start, end = (int(x) for x in answer[WINDOW])
+    return {"window": {"start": start, "end": end}}

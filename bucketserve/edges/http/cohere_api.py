@@ -24,7 +24,15 @@ from bucketserve.core.model import Truncation
 from bucketserve.core.quantize import Calibration, EmbeddingType, quantized
 from bucketserve.core.tasks.classifier import RELEVANCE, Rerank
 from bucketserve.core.tasks.embedding import EMBEDDING, Embed, embedding_rule
-from bucketserve.edges.http.bodies import PROMPT_CUT, PromptCut, Text, ranked
+from bucketserve.edges.http.bodies import (
+    LONG_INPUTS,
+    PROMPT_CUT,
+    LongInputs,
+    PromptCut,
+    Text,
+    ranked,
+    window_of,
+)
 from bucketserve.edges.http.common import (
     json_response,
     request_id,
@@ -125,6 +133,7 @@ class RerankBody(Lenient):
         None, description="the server's priority level: 1 first; 0 or none, the default"
     )
     truncate_prompt_tokens: PromptCut = PROMPT_CUT
+    long_inputs: LongInputs | None = LONG_INPUTS
     raw_scores: StrictBool | None = Field(
         None,
         description="Infinity's: the logits, not their sigmoid; a body that has it is answered "
@@ -136,13 +145,16 @@ async def rerank(request: Request) -> Response:
     """Cohere's and Jina's rerank, at both their paths."""
     body: RerankBody = await body_of(request, RerankBody)
     documents = [document_text(d, i, body.rank_fields) for i, d in enumerate(body.documents)]
-    pairs = TextPairs([(body.query, d) for d in documents], Truncation(body.truncate))
+    pairs = TextPairs(
+        [(body.query, d) for d in documents], Truncation(body.truncate), body.long_inputs
+    )
     answer = await run(request, pairs, body.model, Rerank(bool(body.raw_scores)), body.priority)
     scores = [float(out[RELEVANCE]) for out in answer.outputs]
     infinity = body.raw_scores is not None
     results = [
         {"index": i, "relevance_score": scores[i]}
         | ({"document": sent(body.documents[i], infinity)} if body.return_documents else {})
+        | window_of(answer.outputs[i])
         for i in ranked(scores, body.top_n)
     ]
     tokens = sum(answer.lengths)

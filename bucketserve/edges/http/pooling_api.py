@@ -25,7 +25,15 @@ from bucketserve.core.model import Model
 from bucketserve.core.task import Task
 from bucketserve.core.tasks.classifier import RELEVANCE, SCORES, Classify, Rerank, classifier_rule
 from bucketserve.core.tasks.embedding import EMBEDDING, Embed
-from bucketserve.edges.http.bodies import Text, TextOptions, ranked, refuse_prompt_for_pairs
+from bucketserve.edges.http.bodies import (
+    LONG_INPUTS,
+    LongInputs,
+    Text,
+    TextOptions,
+    ranked,
+    refuse_prompt_for_pairs,
+    window_of,
+)
 from bucketserve.edges.http.common import engine_of, json_response, request_id
 from bucketserve.edges.http.task_call import body_of, post, run
 from bucketserve.errors import InvalidInput, TaskNotServed
@@ -44,6 +52,7 @@ class ScoreBody(TextOptions):
     text_2: OneOrMany | None = Field(None, description="what each is scored with (or: documents)")
     queries: OneOrMany | None = None
     documents: OneOrMany | None = None
+    long_inputs: LongInputs | None = LONG_INPUTS
 
     def pairs(self) -> list[tuple[str, str]]:
         """The (text_1, text_2) pairs scored, in vLLM's order."""
@@ -88,15 +97,18 @@ async def score(request: Request) -> Response:
     model = scorer(request, body.model)
     if Task.RERANK.value in model.info.tasks:
         refuse_prompt_for_pairs(body.prompt_name)
-        answer = await run(request, TextPairs(pairs, body.truncation), model.name, Rerank())
+        scored = TextPairs(pairs, body.truncation, body.long_inputs)
+        answer = await run(request, scored, model.name, Rerank())
         scores = [float(out[RELEVANCE]) for out in answer.outputs]
+        windows = [window_of(out) for out in answer.outputs]
     else:  # (each distinct text embedded once, in one call)
         texts = list(dict.fromkeys(text for pair in pairs for text in pair))
-        inputs = Texts(texts, body.truncation, body.prompt_name)
-        answer = await run(request, inputs, model.name, Embed(normalize=True))
+        embedded = Texts(texts, body.truncation, body.prompt_name, long_inputs=body.long_inputs)
+        answer = await run(request, embedded, model.name, Embed(normalize=True))
         vectors = dict(zip(texts, (out[EMBEDDING] for out in answer.outputs), strict=True))
         scores = [float(np.dot(vectors[a], vectors[b])) for a, b in pairs]
-    data = [{"index": i, "object": "score", "score": s} for i, s in enumerate(scores)]
+        windows = [{} for _ in pairs]
+    data = [{"index": i, "object": "score", "score": s} | windows[i] for i, s in enumerate(scores)]
     return json_response(listed(request, answer, data))
 
 

@@ -28,12 +28,15 @@ from bucketserve.core.tasks.embedding import EMBEDDING, Embed
 from bucketserve.core.tasks.sparse import INDICES, VALUES, VECTORS, EmbedAll, Sparse
 from bucketserve.core.tasks.tokenize import TEXT, TOKENS, Decode, IdRows, Tokenize
 from bucketserve.edges.http.bodies import (
+    LONG_INPUTS,
     InputsBody,
+    LongInputs,
     Text,
     TextCut,
     TextOptions,
     ranked,
     refuse_prompt_for_pairs,
+    window_of,
 )
 from bucketserve.edges.http.common import engine_of, json_response, limits_of
 from bucketserve.edges.http.schemas import ErrorBody, Integer, Lenient, Positive
@@ -51,6 +54,7 @@ class TeiRerankBody(TextOptions):
     texts: list[Text] = Field(min_length=1, description="the documents")
     raw_scores: StrictBool = Field(False, description="the logits, not their sigmoid")
     return_text: StrictBool = Field(False, description="each document's text beside its score")
+    long_inputs: LongInputs | None = LONG_INPUTS
 
 
 class EmbedBody(InputsBody):
@@ -99,12 +103,15 @@ async def rerank_tei(request: Request) -> Response:
     """POST /rerank in text-embeddings-inference's shape (`shapes` tells it from Cohere's)."""
     body: TeiRerankBody = await body_of(request, TeiRerankBody)
     refuse_prompt_for_pairs(body.prompt_name)
-    pairs = TextPairs([(body.query, text) for text in body.texts], body.truncation)
-    answer = await run(request, pairs, body.model, Rerank(body.raw_scores))
+    pairs = [(body.query, text) for text in body.texts]
+    inputs = TextPairs(pairs, body.truncation, body.long_inputs)
+    answer = await run(request, inputs, body.model, Rerank(body.raw_scores))
     scores = [float(out[RELEVANCE]) for out in answer.outputs]
     return json_response(
         [
-            {"index": i, "score": scores[i]} | ({"text": body.texts[i]} if body.return_text else {})
+            {"index": i, "score": scores[i]}
+            | ({"text": body.texts[i]} if body.return_text else {})
+            | window_of(answer.outputs[i])
             for i in ranked(scores, None)
         ]
     )
