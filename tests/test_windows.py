@@ -87,26 +87,65 @@ async def test_a_long_text_is_the_token_weighted_mean_of_its_windows(
     assert tokens > cut.json()["usage"]["prompt_tokens"] + 2 * MAX_LENGTH  # (every window)
 
 
-async def test_the_config_chooses_windows_where_the_task_merges_them(
+async def test_the_config_chooses_windows_and_a_request_may_cut(
     task_repository: Repository, tmp_path: Path
 ) -> None:
     """A model whose config says windows embeds long texts whole unasked; a request may
-    still ask to cut; a task that answers from one sequence cuts unless windows are asked,
-    and then it refuses."""
+    still ask to cut; a route whose task answers from one sequence (classification) has no
+    such field, and one sent there is ignored and said."""
     models = entry_with(task_repository, tmp_path, long_inputs="windows", window_overlap=4)
     async with serving(load_engine(Settings(models=models))) as client:
         unasked = await client.post("/embed", json={"inputs": LONG[0]})
         asked_cut = await client.post("/embed", json={"inputs": LONG[0], "long_inputs": "truncate"})
-        sparse_cut = await client.post("/embed_all", json={"inputs": LONG[0]})
-        refused = await client.post(
-            "/embed_all", json={"inputs": LONG[0], "long_inputs": "windows"}
-        )
     np.testing.assert_allclose(unasked.json()[0], reference(models / "embedder", LONG[0], 4),
                                atol=TOLERANCE)  # fmt: skip
     assert not np.allclose(asked_cut.json()[0], unasked.json()[0], atol=1e-3)
-    assert sparse_cut.status_code == 200
-    assert refused.status_code == 422
-    assert "long_inputs windows" in error_of(refused)[1]
+
+
+def window_ids(text: str, overlap: int, length: int) -> list[list[int]]:
+    """The text's windows' token ids, as transformers cuts them (overflowing, that stride)."""
+    from transformers import PreTrainedTokenizerFast
+
+    own = tokenizer()
+    own.no_padding()
+    own.no_truncation()
+    fast = PreTrainedTokenizerFast(tokenizer_object=own, pad_token="[PAD]")
+    cut = fast(text, max_length=length, truncation=True, stride=overlap,
+               return_overflowing_tokens=True)  # fmt: skip
+    return [list(ids) for ids in cut["input_ids"]]
+
+
+async def test_sparse_weights_and_per_token_vectors_merge_their_windows(
+    task_repository: Repository, tmp_path: Path
+) -> None:
+    """SPLADE weights in windows: each entry's largest over the windows' (each window sent
+    as its own token ids, alone); per-token vectors: the windows' one after another."""
+    models = tmp_path / "models"
+    for name in ("splade", "embedder"):
+        shutil.copytree(task_repository.models / name, models / name)
+    text = LONG[0]
+    sparse = {"model": "splade", "inputs": text, "long_inputs": "windows"}
+    per_token = {"model": "embedder", "inputs": text, "long_inputs": "windows"}
+    ids = window_ids(text, 0, 128)
+    async with serving(load_engine(Settings(models=models))) as client:
+        whole = await client.post("/embed_sparse", json=sparse)
+        top = await client.post("/embed_sparse", json=sparse | {"top_k": 5})
+        alone = await client.post("/embed_sparse", json={"model": "splade", "inputs": ids})
+        vectors = await client.post("/embed_all", json=per_token)
+        windows = window_ids(text, 0, MAX_LENGTH)
+        each = await client.post("/embed_all", json={"model": "embedder", "inputs": windows})
+    assert len(ids) > 1
+    want: dict[int, float] = {}
+    for window in alone.json():
+        for item in window:
+            want[item["index"]] = max(want.get(item["index"], 0.0), item["value"])
+    got = {item["index"]: item["value"] for item in whole.json()[0]}
+    assert got.keys() == want.keys()
+    np.testing.assert_allclose([got[k] for k in sorted(got)], [want[k] for k in sorted(want)],
+                               atol=TOLERANCE)  # fmt: skip
+    best = sorted(want, key=lambda k: -want[k])[:5]
+    assert sorted(item["index"] for item in top.json()[0]) == sorted(best)
+    np.testing.assert_allclose(vectors.json()[0], np.concatenate(each.json()), atol=TOLERANCE)
 
 
 def test_an_overlap_a_window_cannot_hold_is_refused_at_load(

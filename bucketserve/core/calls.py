@@ -72,7 +72,8 @@ def in_windows(asked: str | None, model: Model, merges: bool) -> bool:
     if not merges:
         raise InvalidInput(
             "long_inputs windows: this task answers each input from one sequence; send "
-            "long_inputs truncate (embeddings and rerank scores merge windows)",
+            "long_inputs truncate (embeddings, sparse weights, per-token vectors and rerank "
+            "scores merge windows)",
             param="long_inputs",
         )
     return True

@@ -92,6 +92,28 @@ class Sparse:
         indices, values = rule.weights(outputs[rule.output], token_ids(sequence), self.top_k)
         return {INDICES: indices, VALUES: values}
 
+    def per_window(self) -> Sparse:
+        """Each window of a text taken whole: every weight (`merged` keeps the top_k)."""
+        return Sparse()
+
+    def merged(
+        self,
+        model: Model,
+        windows: list[Outputs],
+        lengths: list[int],
+        spans: list[tuple[int, int] | None],
+    ) -> Outputs:
+        """A text's sparse weights from its windows': each entry's largest, as SPLADE's max
+        over a text's tokens takes it (and BGE-M3's over a token id's), then the top_k."""
+        indices = np.concatenate([w[INDICES] for w in windows])
+        values = np.concatenate([w[VALUES] for w in windows])
+        merged = np.zeros(int(indices.max(initial=-1)) + 1, np.float32)
+        np.maximum.at(merged, indices, values)
+        kept = np.flatnonzero(merged > 0)
+        if self.top_k is not None and self.top_k < len(kept):
+            kept = np.sort(kept[np.argsort(-merged[kept], kind="stable")[: self.top_k]])
+        return {INDICES: kept.astype(np.int64), VALUES: merged[kept].astype(np.float32)}
+
 
 @dataclass(frozen=True)
 class EmbedAll:
@@ -105,6 +127,20 @@ class EmbedAll:
     def answer(self, model: Model, outputs: Outputs, sequence: np.ndarray) -> Outputs:
         rule = multi_vector_rule(model)
         return {VECTORS: owned(rule.vectors(outputs[rule.output]))}
+
+    def per_window(self) -> EmbedAll:
+        return self
+
+    def merged(
+        self,
+        model: Model,
+        windows: list[Outputs],
+        lengths: list[int],
+        spans: list[tuple[int, int] | None],
+    ) -> Outputs:
+        """A text's vectors from its windows': theirs one after another, each window's own
+        (its special tokens' and the tokens it shares with the one before included)."""
+        return {VECTORS: np.concatenate([w[VECTORS] for w in windows])}
 
 
 def sparse_rule(model: Model) -> SparseRule:
