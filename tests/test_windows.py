@@ -306,3 +306,64 @@ async def test_a_relevant_sentence_at_the_end_is_found_where_a_cut_loses_it(
     assert found["relevance_score"] > cut["relevance_score"]
     assert found["window"]["end"] == len(document)  # (the last window: the sentence's)
     assert document.index(relevant) >= found["window"]["start"]
+
+
+async def test_late_chunking_pools_each_text_in_the_context_of_the_others(
+    task_repository: Repository, tmp_path: Path
+) -> None:
+    """Jina's late chunking: the texts as one sequence inside the special tokens, each text's
+    vector the mean of the model's states over its own tokens, normalised; against the ONNX
+    model alone on that sequence, made here with transformers' tokenizer."""
+    from transformers import PreTrainedTokenizerFast
+
+    models = entry_with(task_repository, tmp_path)
+    chunks = ["a cat sat on the mat", "it was warm there", "then the dog came"]
+    body = {"model": "embedder", "input": chunks, "late_chunking": True}
+    async with serving(load_engine(Settings(models=models))) as client:
+        late = await client.post("/v1/embeddings", json=body)
+        alone = await client.post("/v1/embeddings", json={"model": "embedder", "input": chunks})
+        too_long = await client.post("/v1/embeddings", json=body | {"input": LONG[:1] * 2})
+    assert late.status_code == 200, late.text
+    own = tokenizer()
+    own.no_padding()
+    own.no_truncation()
+    fast = PreTrainedTokenizerFast(tokenizer_object=own, pad_token="[PAD]")
+    parts = [fast(c, add_special_tokens=False)["input_ids"] for c in chunks]
+    ids = [
+        fast.convert_tokens_to_ids("[CLS]"),
+        *(token for part in parts for token in part),
+        fast.convert_tokens_to_ids("[SEP]"),
+    ]
+    session = side_session(GraphFile(models / "embedder" / "1" / "model.onnx",
+                                     ("CPUExecutionProvider",)))  # fmt: skip
+    feeds = {"input_ids": np.array([ids], np.int64)}
+    feeds |= {"attention_mask": np.ones_like(feeds["input_ids"])}
+    feeds |= {"token_type_ids": np.zeros_like(feeds["input_ids"])}
+    states = session.run(["last_hidden_state"], feeds)[0][0].astype(np.float64)
+    start = 1
+    rows = [d["embedding"] for d in late.json()["data"]]
+    for row, part in zip(rows, parts, strict=True):
+        mean = states[start : start + len(part)].mean(axis=0)
+        np.testing.assert_allclose(row, mean / np.linalg.norm(mean), atol=TOLERANCE)
+        start += len(part)
+    assert late.json()["usage"]["prompt_tokens"] == len(ids)
+    apart = [d["embedding"] for d in alone.json()["data"]]
+    assert not np.allclose(rows[1], apart[1], atol=1e-3)  # (in the others' context)
+    assert too_long.status_code == 422
+    assert "late_chunking: the inputs together take" in error_of(too_long)[1]
+
+
+async def test_late_chunking_needs_an_embedding_pooled_by_mean(
+    task_repository: Repository, tmp_path: Path
+) -> None:
+    models = entry_with(task_repository, tmp_path)
+    config = models / "embedder" / "config.toml"
+    config.write_text(config.read_text().replace('pooling = "mean"', 'pooling = "cls"'))
+    body = {"model": "embedder", "input": ["a", "b"], "late_chunking": True}
+    async with serving(load_engine(Settings(models=models))) as client:
+        refused = await client.post("/v1/embeddings", json=body)
+        ids = await client.post("/v1/embeddings", json=body | {"input": [[5, 6]]})
+    assert refused.status_code == 422
+    assert "embedder's embedding is pooled cls" in error_of(refused)[1]
+    assert ids.status_code == 422
+    assert "late_chunking takes texts" in error_of(ids)[1]

@@ -150,6 +150,32 @@ class Texts:
 
 
 @dataclass(frozen=True)
+class LateChunks:
+    """Texts embedded as one sequence, one after another (Jina's late chunking): each pooled
+    over its own tokens afterwards, every one of them seen in the context of the others. Its
+    one sequence's tokens each say which text they are of (`with_tokens`: "chunk")."""
+
+    texts: Sequence[str]
+
+    def count(self, model: Model) -> int:
+        return 1
+
+    @property
+    def heavy(self) -> bool:
+        return sum(len(t) for t in self.texts) > INLINE_TEXT_CHARS
+
+    def sequences(self, model: Model) -> list[np.ndarray]:
+        return self.with_tokens(model)[0]
+
+    def with_tokens(self, model: Model) -> tuple[list[np.ndarray], list[list[dict[str, Any]]]]:
+        empty = next((i for i, text in enumerate(self.texts) if not text), None)
+        if empty is not None:
+            raise InvalidInput(f"text {empty}: empty")
+        sequence, chunks = model.encode_chunks(self.texts)
+        return [model.validate(sequence, 0)], [[{"chunk": c} for c in chunks]]
+
+
+@dataclass(frozen=True)
 class TextPairs:
     """Text pairs (a query and a document), each one sequence as the model's tokenizer pairs
     them: the second text's tokens in segment 1, the longer text cut first."""

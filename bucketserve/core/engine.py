@@ -35,7 +35,15 @@ from typing import Any, cast
 
 import numpy as np
 
-from bucketserve.core.calls import Answer, Call, Inputs, TextPairs, Texts, Windowed
+from bucketserve.core.calls import (
+    Answer,
+    Call,
+    Inputs,
+    LateChunks,
+    TextPairs,
+    Texts,
+    Windowed,
+)
 from bucketserve.core.heads import DirectHead, Picked, TextHead, WindowHead, answer_key
 from bucketserve.core.layout import Outputs
 from bucketserve.core.lifecycle import Lifecycle
@@ -325,7 +333,7 @@ def _read(
             return [seq for each in windows for seq, _ in each], None, windows
     if not with_tokens:
         return inputs.sequences(model), None, None
-    if not isinstance(inputs, Texts):
+    if not isinstance(inputs, Texts | LateChunks):
         raise InvalidInput("this task reads texts: send texts, not token ids or tensors")
     return (*inputs.with_tokens(model), None)
 

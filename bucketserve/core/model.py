@@ -333,6 +333,25 @@ class Model:
             windows.append([np.asarray(tokenizer.post_process(r).ids, dtype) for r in runs])
         return windows
 
+    def encode_chunks(self, texts: Sequence[str]) -> tuple[np.ndarray, list[int | None]]:
+        """Texts as one sequence, one after another inside the tokenizer's special tokens
+        (Jina's late chunking), and each token's text (None: a special token);
+        InvalidInput when together they are longer than the model takes."""
+        self._tokenizer(TRUNCATE)  # (a model without a tokenizer refuses texts)
+        whole = self._whole()
+        parts = whole.encode_batch(list(texts), add_special_tokens=False)
+        merged = type(parts[0]).merge(parts, growing_offsets=True)  # (Encoding.merge)
+        framed = whole.post_process(merged)
+        if len(framed.ids) > self._max_tokens:
+            raise InvalidInput(
+                f"late_chunking: the inputs together take {len(framed.ids)} tokens, more than "
+                f"the model's {self._max_tokens}; send fewer, or embed them apart",
+                param="input",
+            )
+        owner = iter([i for i, part in enumerate(parts) for _ in part.ids])
+        chunks = [None if special else next(owner) for special in framed.special_tokens_mask]
+        return np.asarray(framed.ids, self.info.rules.dtype), chunks
+
     def encode_pair_windows(
         self, pairs: Sequence[tuple[str, str]], overlap: int
     ) -> list[list[tuple[np.ndarray, tuple[int, int]]]]:

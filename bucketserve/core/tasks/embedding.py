@@ -7,8 +7,10 @@ mean over them is the mean over the mask. Imports the heads' protocol and the mo
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 import numpy as np
 
@@ -160,3 +162,43 @@ class Embed:
 def embedding_rule(model: Model) -> Embedding:
     rule: Embedding = rule_of(model, Task.EMBED, "does not embed: its config has no [embedding]")
     return rule
+
+
+@dataclass(frozen=True)
+class LateChunked:
+    """Each text of a late-chunked sequence (`calls.LateChunks`): the mean of the model's
+    per-token output over the text's own tokens, normalised and cut as the model's
+    embedding says; one row per text. Needs an embedding pooled by mean from per-token
+    states (a graph that pools itself has nothing per token to pool)."""
+
+    dimensions: int | None = None
+    task = Task.EMBED
+    reads_text = True  # (each token's text, from the tokenisation that made the sequence)
+
+    def outputs(self, model: Model) -> tuple[str, ...]:
+        rule = embedding_rule(model)
+        if rule.pooling is not Pooling.MEAN:
+            raise InvalidInput(
+                f"late_chunking pools each text's own tokens by their mean: model "
+                f"{model.name}'s embedding is pooled {rule.pooling.value}"
+                + (" in its graph" if rule.pooling is Pooling.NONE else ""),
+                param="late_chunking",
+            )
+        rule.check_dimensions(self.dimensions)
+        return (rule.output,)
+
+    def answer(
+        self,
+        model: Model,
+        outputs: Outputs,
+        sequence: np.ndarray,
+        tokens: Sequence[dict[str, Any]] = (),
+    ) -> Outputs:
+        rule = embedding_rule(model)
+        states = np.asarray(outputs[rule.output], np.float32)
+        chunks = np.asarray([-1 if t["chunk"] is None else t["chunk"] for t in tokens])
+        rows = [
+            rule.finished(states[chunks == i].mean(axis=0), self.dimensions)
+            for i in range(int(chunks.max()) + 1)
+        ]
+        return {EMBEDDING: owned(np.stack(rows))}

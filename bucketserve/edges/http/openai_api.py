@@ -20,11 +20,11 @@ import numpy as np
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, Field, StrictBool, StrictStr, ValidationError
 
-from bucketserve.core.calls import Inputs, Sequences, Texts
-from bucketserve.core.heads import not_served
+from bucketserve.core.calls import Inputs, LateChunks, Sequences, Texts
+from bucketserve.core.heads import Head, not_served
 from bucketserve.core.model import Model, Truncation
 from bucketserve.core.task import Task
-from bucketserve.core.tasks.embedding import EMBEDDING, Embed
+from bucketserve.core.tasks.embedding import EMBEDDING, Embed, LateChunked
 from bucketserve.edges.http.bodies import LONG_INPUTS, PROMPT_CUT, LongInputs, PromptCut
 from bucketserve.edges.http.common import (
     JSON,
@@ -87,6 +87,11 @@ class EmbeddingsBody(Lenient):
     )
     truncate_prompt_tokens: PromptCut = PROMPT_CUT
     long_inputs: LongInputs | None = LONG_INPUTS
+    late_chunking: StrictBool = Field(
+        False,
+        description="Jina's: the texts embedded as one sequence, each pooled over its own "
+        "tokens (for a model pooled by mean from per-token states)",
+    )
 
 
 class EmbeddingItem(BaseModel):
@@ -182,6 +187,20 @@ def blamed(param: str) -> Iterator[None]:
         raise
 
 
+def call_parts(body: EmbeddingsBody, wire_bytes: int, own_ids: bool) -> tuple[Inputs, Head]:
+    """The call's inputs and head: each text embedded, or (`late_chunking`) the texts as one
+    sequence, each pooled over its own tokens (one row each)."""
+    if not body.late_chunking:
+        return inputs_of(body, wire_bytes, own_ids), Embed(body.dimensions or None)
+    given = [body.input] if isinstance(body.input, str) else body.input
+    if not all(isinstance(text, str) for text in given) or body.prompt_name is not None:
+        raise InvalidInput(
+            "late_chunking takes texts, as sent (no token ids, no prompt_name)",
+            param="late_chunking",
+        )
+    return LateChunks([str(text) for text in given]), LateChunked(body.dimensions or None)
+
+
 def inputs_of(body: EmbeddingsBody, wire_bytes: int, own_ids: bool) -> Inputs:
     """The body's `input` as the core's inputs: texts (after the prompt named, cut as it
     says), or token id sequences (`own_ids`: whether the server was told a client's ids are
@@ -210,14 +229,14 @@ async def embeddings(request: Request) -> Response:
     body: EmbeddingsBody = await read_json(request, limits_of(request).json(), read_embeddings)
     if body.ignored:
         said_ignored(request, body.ignored)
-    inputs = inputs_of(body, request.state.body_bytes, engine.settings.openai_token_ids)
-    head = Embed(body.dimensions or None)
+    inputs, head = call_parts(body, request.state.body_bytes, engine.settings.openai_token_ids)
     stand_in = names_are_hints(request.url.path)
     call = call_of(request, inputs, body.model, head=head, stand_in=stand_in)
     with blamed("input"):  # (unless the error names its own field: model, dimensions)
         answer = await answer_of(request, call)
     said_stand_in(request, answer)
-    vectors = [encoded(out[EMBEDDING], body.encoding_format) for out in answer.outputs]
+    rows = [row for out in answer.outputs for row in np.atleast_2d(out[EMBEDDING])]
+    vectors = [encoded(row, body.encoding_format) for row in rows]
     data = [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors)]
     tokens = sum(answer.lengths)
     return json_response(
