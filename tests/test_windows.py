@@ -367,3 +367,21 @@ async def test_late_chunking_needs_an_embedding_pooled_by_mean(
     assert "embedder's embedding is pooled cls" in error_of(refused)[1]
     assert ids.status_code == 422
     assert "late_chunking takes texts" in error_of(ids)[1]
+
+
+async def test_a_pair_classified_in_windows_takes_its_best_windows_labels(
+    task_repository: Repository, tmp_path: Path
+) -> None:
+    """/classify of a pair in windows: the labels of the window whose best label scores
+    highest, as the cross-encoder scores each window alone; a text alone is refused windows."""
+    models = reranker_entry(task_repository, tmp_path, overlap=8)
+    document = " ".join(texts(30, seed=54))
+    async with serving(load_engine(Settings(models=models))) as client:
+        body = {"inputs": [[QUERY, document]], "raw_scores": True, "long_inputs": "windows"}
+        pair = await client.post("/classify", json=body)
+        alone = await client.post("/classify", json=body | {"inputs": [[document]]})
+    assert pair.status_code == 200, pair.text
+    logits, _ = reranker_windows(task_repository, QUERY, document, 8)
+    assert pair.json()[0][0]["score"] == pytest.approx(max(logits), abs=TOLERANCE)
+    assert alone.status_code == 422
+    assert "windows are for pairs" in error_of(alone)[1]

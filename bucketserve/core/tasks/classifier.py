@@ -37,6 +37,23 @@ class Classify:
         rule = classifier_rule(model)
         return {SCORES: owned(rule.scores(outputs[rule.output], self.raw, self.activation))}
 
+    def per_window(self) -> Classify:
+        """Each window of a pair's second text taken whole (the first whole in each)."""
+        return self
+
+    def merged(
+        self,
+        model: Model,
+        windows: list[Outputs],
+        lengths: list[int],
+        spans: list[tuple[int, int] | None],
+    ) -> Outputs:
+        """A pair's labels from its windows': those of the window whose best label scores
+        highest (as a long document's best window is its rerank score), and its characters."""
+        best = int(np.argmax([float(np.max(w[SCORES])) for w in windows]))
+        span = spans[best] or (0, 0)
+        return {SCORES: windows[best][SCORES], WINDOW: np.asarray(span, np.int64)}
+
 
 @dataclass(frozen=True)
 class Rerank:

@@ -27,6 +27,7 @@ from bucketserve.core.tasks.classifier import SCORES, Classify, classifier_rule
 from bucketserve.core.tasks.entities import ENTITIES, TagTokens
 from bucketserve.core.tasks.fill_mask import GUESSES, FillMask
 from bucketserve.edges.http.bodies import (
+    LongInputs,
     Text,
     TextOptions,
     TextsBody,
@@ -62,6 +63,11 @@ class ClassifyBody(TextOptions):
 
     inputs: Item | Annotated[list[Item], Field(min_length=1)]
     raw_scores: StrictBool = Field(False, description="the logits, not their scores")
+    long_inputs: LongInputs | None = Field(
+        None,
+        description="a pair longer than the model takes: its second text whole, in windows "
+        "(the first whole in each; the labels of the window scored highest), or cut",
+    )
     top_k: Positive | None = Field(None, description="the best this many labels (default: all)")
     parameters: ClassifyParameters | None = None
 
@@ -131,8 +137,14 @@ async def classify(request: Request) -> Response:
     inputs: Inputs
     if len(texts[0]) == 2:
         refuse_prompt_for_pairs(body.prompt_name)
-        inputs = TextPairs([(a, b) for a, b in texts], body.truncation)
+        inputs = TextPairs([(a, b) for a, b in texts], body.truncation, body.long_inputs)
     else:
+        if body.long_inputs == "windows":
+            raise InvalidInput(
+                "long_inputs windows: a text is classified from one sequence; windows are "
+                "for pairs (the second text whole) and embeddings",
+                param="long_inputs",
+            )
         inputs = Texts([t[0] for t in texts], body.truncation, body.prompt_name)
     applied = body.parameters.function_to_apply if body.parameters else None
     activation = None if applied is None else Activation(applied)
