@@ -12,7 +12,9 @@ answers them (at the call's level, charged to its tenant): from the answers it k
 sequence's identity (its exact inputs and the answer asked), where the model's answers cannot
 depend on batching; else by a run, the head answering each from its outputs in the worker
 thread as its batch finishes. A head that runs no model (the tokenizer alone) is answered
-here once admitted.
+here once admitted. Inputs taken whole in windows (`calls.in_windows`) are run window by
+window, as sequences like any other, and each input's answer is then made of its windows'
+(`heads.WindowHead`).
 
 The engine's one lifecycle state is shared by every scheduler it runs, those started after a
 drain began included: a model that model control loads during a drain admits nothing. A model
