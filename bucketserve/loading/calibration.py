@@ -2,8 +2,9 @@
 of calibration texts, which int8 and uint8 answers scale to 256 steps (`core.quantize`). The
 texts are the lines of the file the config's `[embedding] calibration` names (in the version's
 folder), else texts drawn from the model's own tokenizer as the load-time check draws them
-(`traffic`), of lengths spread up to the model's. The ranges are kept in the server's cache
-under the model's fingerprint, so a restart with the same content reads them back.
+(`traffic`), of lengths spread from 8 to 128 tokens (or the model's length, if shorter).
+The ranges are kept in the server's cache under the model's fingerprint, so a restart with
+the same content reads them back.
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ from bucketserve.loading.traffic import Texts
 log = logging.getLogger(__name__)
 
 GENERATED_TEXTS = 256
+# Texts of 8 to 128 tokens: a pooled vector's spread narrows as a text grows, so ranges from
+# shorter texts hold longer ones' too; and the fit costs a load a second on minilm's size
+# (3.8 s with texts up to its 256).
+LONGEST_GENERATED = 128
 SEED = 20
 
 
@@ -49,7 +54,7 @@ def calibrated(model: Model, spec: ModelSpec, cache_dir: Path) -> Calibration | 
         sequences = model.encode(texts)
     else:
         rng = np.random.default_rng(SEED)
-        longest = model.info.rules.max_length
+        longest = min(model.info.rules.max_length, LONGEST_GENERATED)
         lengths = rng.integers(min(8, longest), longest + 1, GENERATED_TEXTS).tolist()
         sequences = Texts(model.tokenizer, model.info.rules, pairs=False)(lengths, SEED)
     outputs = model.predict(sequences)
