@@ -39,7 +39,7 @@ class Loader(Protocol):
         """Every served version of `name`, built, checked and warm, or LoadFailed saying why
         (in the words a load at start uses)."""
 
-    def fingerprint(self, name: str) -> Hashable:
+    def folder_digest(self, name: str) -> Hashable:
         """What changes when the model's files do."""
 
     def released(self) -> None:
@@ -170,7 +170,7 @@ class Control:
         folder went is unloaded."""
         loader = self.loader
         assert loader is not None, "poll without a loader"
-        seen = {n: await asyncio.to_thread(loader.fingerprint, n) for n in loader.names()}
+        seen = {n: await asyncio.to_thread(loader.folder_digest, n) for n in loader.names()}
         changed: dict[str, Hashable] = {}  # a model's files as last read, while they change
         lifecycle = self.engine.lifecycle
         while True:
@@ -181,7 +181,7 @@ class Control:
                 return
             names = await asyncio.to_thread(loader.names)
             for name in names:
-                now = await asyncio.to_thread(loader.fingerprint, name)
+                now = await asyncio.to_thread(loader.folder_digest, name)
                 if now == seen.get(name):
                     changed.pop(name, None)
                 elif changed.get(name) != now:  # changing still (or just changed): wait

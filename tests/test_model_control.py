@@ -286,8 +286,8 @@ class GatedLoader:
     def names(self) -> list[str]:
         return self.loader.names()
 
-    def fingerprint(self, name: str) -> Hashable:
-        return self.loader.fingerprint(name)
+    def folder_digest(self, name: str) -> Hashable:
+        return self.loader.folder_digest(name)
 
     def released(self) -> None:
         self.loader.released()
@@ -393,13 +393,13 @@ class ScriptedLoader:
 
     def __init__(self, script: list[str]) -> None:
         self.script = script
-        self.read: list[str] = []  # each fingerprint read, in order
+        self.read: list[str] = []  # each folder digest read, in order
         self.loads_after: list[int] = []  # how many reads there had been at each load
 
     def names(self) -> list[str]:
         return ["fake"]
 
-    def fingerprint(self, name: str) -> Hashable:
+    def folder_digest(self, name: str) -> Hashable:
         self.read.append(self.script[min(len(self.read), len(self.script) - 1)])
         return self.read[-1]
 

@@ -33,7 +33,6 @@ from bucketserve.loading.batch_free import freed_spec
 from bucketserve.loading.calibration import calibrated
 from bucketserve.loading.check import Run, Traffic, measure, thread_difference
 from bucketserve.loading.config import TokenizerConfig
-from bucketserve.loading.digests import Digests
 from bucketserve.loading.fingerprint import fingerprint_of
 from bucketserve.loading.layouts import Served, layout_of
 from bucketserve.loading.mask_way import MaskWay, mask_of, mask_way, reads_input
@@ -89,16 +88,16 @@ def build_model(
     binding: str | None = None,
     cache_dir: Path | None = None,
     lone_batch_threads: int | None = None,
-    digests: Digests | None = None,
+    fingerprint: str | None = None,
 ) -> Model:
     """Load `spec`: the file its sessions share, its layout, the invariance check and the
     policy it allows, the executor, then bind and warm the keys that the config asks for.
     `binding` overrides the config's mode and binding (tests, benchmarks); `cache_dir` is
     where session-per-key writes the weights its sessions share (default: the user's cache);
     `lone_batch_threads`: threads of the runner for a batch that runs alone (None: none);
-    `digests`: the files' digests known already (model control's)."""
+    `fingerprint`: the spec's, where the caller read it already (`loading.fingerprint`)."""
     began = time.perf_counter()
-    fingerprint = fingerprint_of(spec, digests)  # (of the files as given, not a served copy)
+    fingerprint = fingerprint or fingerprint_of(spec)  # (the files as given, not a served copy)
     wanted = binding or (spec.config.binding if spec.config.mode == "bucketing" else "mutable")
     checked, found = _served_copy(spec, wanted, cache_dir or default_cache_dir())
     spec, config, served = checked.spec, checked.spec.config, checked.served

@@ -1,5 +1,5 @@
 """Files' content digests, kept while a file's status is unchanged: what model control's poll
-compares (`Loader.fingerprint`)."""
+compares (`Loader.folder_digest`) and a model's fingerprint reads (`loading.fingerprint`)."""
 
 from __future__ import annotations
 

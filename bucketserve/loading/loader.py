@@ -91,14 +91,14 @@ class Loader:
         is ONNX Runtime refusing the graph (or a bug), whose traceback goes to the log. Its
         content is held to the repository's lock first (`hold_to_lock`)."""
         settings = self.settings
-        self.hold_to_lock(spec)
+        fingerprint = self.hold_to_lock(spec)
         try:
             return build_model(
                 apply_overrides(spec, settings),
                 settings.binding,
                 settings.cache_dir,
                 self.lone,
-                self._digests,
+                fingerprint,
             )
         except ConfigError:
             raise
@@ -109,11 +109,12 @@ class Loader:
                 f"{type(exc).__name__}: {exc}"
             ) from None
 
-    def hold_to_lock(self, spec: ModelSpec) -> None:
-        """With `--locked`, a version whose content does not match its line in the lock is a
-        ConfigError (never served); unlocked, a lock it does not match, or content changed
-        under a version this loader built before, is said in a warning with both
-        fingerprints (answers kept from before may differ from those given now)."""
+    def hold_to_lock(self, spec: ModelSpec) -> str:
+        """The version's fingerprint, held to the lock: with `--locked`, a version whose
+        content does not match its line is a ConfigError (never served); unlocked, a lock it
+        does not match, or content changed under a version this loader built before, is said
+        in a warning with both fingerprints (answers kept from before may differ from those
+        given now)."""
         fingerprint = fingerprint_of(spec, self._digests)
         lock = read_lock(self.root)
         broken = held_to(lock, spec.name, spec.version, fingerprint)
@@ -132,12 +133,13 @@ class Loader:
                 fingerprint,
             )
         self._built[(spec.name, spec.version)] = fingerprint
+        return fingerprint
 
     def released(self) -> None:
         """A model was released: what its sessions held goes back to the system."""
         return_freed_memory()
 
-    def fingerprint(self, name: str) -> tuple[tuple[str, str], ...]:
+    def folder_digest(self, name: str) -> tuple[tuple[str, str], ...]:
         """What changes when the model's files do: each file's path and the digest of its
         content. A file is read again only when its status changed (size, mtime, ctime,
         inode): new weights copied over with their mtime kept (`cp -p`, `rsync -a`) still

@@ -6,6 +6,7 @@ the core call. Imports the heads' protocol, the labels' rule and the model.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -50,9 +51,7 @@ class Classify:
     ) -> Outputs:
         """A pair's labels from its windows': those of the window whose best label scores
         highest (as a long document's best window is its rerank score), and its characters."""
-        best = int(np.argmax([float(np.max(w[SCORES])) for w in windows]))
-        span = spans[best] or (0, 0)
-        return {SCORES: windows[best][SCORES], WINDOW: np.asarray(span, np.int64)}
+        return best_window(windows, spans, lambda w: float(np.max(w[SCORES])))
 
 
 @dataclass(frozen=True)
@@ -85,9 +84,16 @@ class Rerank:
     ) -> Outputs:
         """A document's relevance: its best window's, and which characters that window holds
         (`WINDOW`: start, end)."""
-        best = int(np.argmax([float(w[RELEVANCE]) for w in windows]))
-        span = spans[best] or (0, 0)
-        return {RELEVANCE: windows[best][RELEVANCE], WINDOW: np.asarray(span, np.int64)}
+        return best_window(windows, spans, lambda w: float(w[RELEVANCE]))
+
+
+def best_window(
+    windows: list[Outputs], spans: list[tuple[int, int] | None], score: Callable[[Outputs], float]
+) -> Outputs:
+    """A pair's answer in windows: the window `score` ranks highest (the first of equals), and
+    the characters of the second text it holds (`WINDOW`: start, end)."""
+    best = int(np.argmax([score(w) for w in windows]))
+    return {**windows[best], WINDOW: np.asarray(spans[best] or (0, 0), np.int64)}
 
 
 def classifier_rule(model: Model) -> Classifier:
