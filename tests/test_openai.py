@@ -8,6 +8,7 @@ In process here (the SDK on an ASGI transport); over a real server process in th
 from __future__ import annotations
 
 import base64
+import shutil
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,8 @@ import numpy as np
 import pytest
 
 from bucketserve.core.engine import Engine
+from bucketserve.core.task import Task
+from bucketserve.errors import ConfigError
 from bucketserve.loading import load_engine
 from bucketserve.loading.importer import import_model
 from bucketserve.settings import Settings
@@ -231,6 +234,66 @@ async def test_the_route_is_counted_like_the_others(served: Any) -> None:
     metrics = (await client.get("/metrics")).text
     assert 'bucketserve_requests_total{route="/v1/embeddings",status="200"} 1.0' in metrics
     assert 'bucketserve_sequence_length_count{model="st-mean"} 2.0' in metrics
+
+
+def answering(config: Path, kind: str) -> None:
+    """The model's config, with `[embedding] answer_type = kind`."""
+    text = config.read_text()
+    config.write_text(text.replace("[embedding]\n", f'[embedding]\nanswer_type = "{kind}"\n'))
+
+
+def typed_repository(root: Path, types: dict[str, str]) -> Path:
+    """A repository of the imported export once per answer type: name -> type."""
+    models = root / "models"
+    export = write_export(root / "export")
+    for name, kind in types.items():
+        answering(import_model(export, models, name).entry / "config.toml", kind)
+    return models
+
+
+async def test_the_models_answer_type_is_what_the_embeddings_routes_answer(
+    tmp_path: Path,
+) -> None:
+    """Infinity's --embedding-dtype, as a model's `[embedding] answer_type`: /v1/embeddings
+    and /embeddings answer its integers (or their bytes in base64), each equal to
+    sentence-transformers' `quantize_embeddings` of the model's floats (Cohere's, which still
+    asks for its own types) over the ranges its config route reports."""
+    from sentence_transformers.util.quantization import quantize_embeddings
+
+    types = {"st-int8": "int8", "st-uint8": "uint8", "st-binary": "binary", "st-ubinary": "ubinary"}
+    engine = load_engine(Settings(models=typed_repository(tmp_path, types)))
+    batch = [*texts(9, seed=41), "a", " ".join(["bucket"] * 90)]
+    async with serving(engine) as client:
+        for name, kind in types.items():
+            cohere = {"model": name, "texts": batch, "embedding_types": ["float"]}
+            answer = await client.post("/v2/embed", json=cohere)
+            floats = np.asarray(answer.json()["embeddings"]["float"], np.float32)
+            config = (await client.get(f"/v2/models/{name}/config")).json()
+            ranges = np.asarray(config["embedding_calibration"]["ranges"], np.float32)
+            want = quantize_embeddings(floats, precision=kind, ranges=ranges)
+            for path in ("/v1/embeddings", "/embeddings"):
+                body = {"model": name, "input": batch, "encoding_format": "float"}
+                numbers = (await client.post(path, json=body)).json()["data"]
+                np.testing.assert_array_equal([d["embedding"] for d in numbers], want)
+                assert all(isinstance(n, int) for n in numbers[0]["embedding"])
+            body = {"model": name, "input": batch, "encoding_format": "base64"}
+            packed = (await client.post("/v1/embeddings", json=body)).json()["data"]
+            raw = [np.frombuffer(base64.b64decode(d["embedding"]), want.dtype) for d in packed]
+            np.testing.assert_array_equal(raw, want)
+
+
+def test_a_scaled_answer_type_needs_a_tokenizer_to_calibrate(tmp_path: Path) -> None:
+    """int8 on a model that takes token ids only (no texts to fit its ranges on) is refused
+    at load, naming the field and the types it may answer, not refused on every request."""
+    models = tmp_path / "models"
+    copy_bundled(models, "tiny-encoder")
+    answering(models / "tiny-encoder" / "config.toml", "int8")
+    with pytest.raises(ConfigError, match=r"answer_type: int8 scales .* answer float, binary"):
+        load_engine(Settings(models=models))
+    shutil.rmtree(models / "tiny-encoder")
+    answering(copy_bundled(models, "tiny-encoder") / "config.toml", "ubinary")  # (no ranges)
+    rule = load_engine(Settings(models=models)).model("tiny-encoder").info.rule(Task.EMBED)
+    assert rule.answer_type == "ubinary"
 
 
 # -- the full tier: the SDK over a real socket, and the real all-MiniLM-L6-v2 -----------------

@@ -28,6 +28,9 @@ class EmbeddingType(StrEnum):
     UBINARY = "ubinary"
 
 
+SCALED = (EmbeddingType.INT8, EmbeddingType.UINT8)  # the types scaled over calibrated ranges
+
+
 @dataclass(frozen=True)
 class Calibration:
     """Each dimension's range over a model's calibration texts: what int8 and uint8 scale."""
@@ -51,10 +54,14 @@ class Calibration:
 
 
 def quantized(
-    vectors: np.ndarray, kind: EmbeddingType, calibration: Calibration | None
+    vectors: np.ndarray,
+    kind: EmbeddingType,
+    calibration: Calibration | None,
+    param: str = "embedding_types",
 ) -> np.ndarray:
     """`vectors` [n, width] float32 as `kind`: float32, int8 or uint8 [n, width], or the
-    packed signs [n, ceil(width / 8)] as int8 (binary) or uint8 (ubinary)."""
+    packed signs [n, ceil(width / 8)] as int8 (binary) or uint8 (ubinary). `param`: the
+    request's field a refusal blames (the one that asked for the type, or for a cut)."""
     if kind is EmbeddingType.FLOAT:
         return vectors
     if kind in (EmbeddingType.BINARY, EmbeddingType.UBINARY):
@@ -68,13 +75,13 @@ def quantized(
         raise InvalidInput(
             f"{kind.value}: this model has no calibration of its ranges (served with its "
             "embedding's calibration off); ask for float, binary or ubinary",
-            param="embedding_types",
+            param=param,
         )
     if vectors.shape[-1] != len(calibration.low):
         raise InvalidInput(
             f"{kind.value} is calibrated on the whole vector ({len(calibration.low)} "
             "dimensions): leave the dimensions out",
-            param="embedding_types",
+            param=param,
         )
     steps = (calibration.high - calibration.low) / STEPS
     scaled = np.clip(

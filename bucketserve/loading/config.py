@@ -210,6 +210,12 @@ class EmbeddingConfig(_Strict):
         description="a file of texts, one a line, in the version's folder, whose vectors' "
         "ranges int8 and uint8 answers scale to; default: texts drawn from the tokenizer",
     )
+    answer_type: Literal["float", "int8", "uint8", "binary", "ubinary"] = Field(
+        default="float",
+        description="the type OpenAI's and Infinity's embeddings routes answer (Infinity's "
+        "--embedding-dtype): int8 and uint8 over the calibrated ranges, binary and ubinary "
+        "the packed signs; Cohere's embedding_types still choose their own",
+    )
 
     @field_validator("dimensions")
     @classmethod

@@ -14,6 +14,7 @@ from typing import Any
 
 from bucketserve.core.labels import Activation, Classifier
 from bucketserve.core.layout import SAME_STEPS, Layout
+from bucketserve.core.quantize import SCALED, EmbeddingType
 from bucketserve.core.task import Task
 from bucketserve.core.tasks.embedding import Embedding, Pooling
 from bucketserve.core.tasks.fill_mask import MaskedLM
@@ -78,7 +79,16 @@ def embedding_of(spec: ModelSpec, layout: Layout) -> Embedding | None:
             f"embedding ({width})"
         )
     dimensions = tuple(sorted(set(widths))) if isinstance(widths, list) else widths or ()
-    return Embedding(config.output, pooling, config.normalize, width, dimensions)
+    answer_type = EmbeddingType(config.answer_type)
+    if answer_type in SCALED and spec.tokenizer_path is None:
+        raise ConfigError(
+            f"model {spec.name}: embedding.answer_type: {answer_type.value} scales over ranges "
+            "fitted on texts, and this model has no tokenizer to read them: answer float, "
+            "binary or ubinary"
+        )
+    return Embedding(
+        config.output, pooling, config.normalize, width, dimensions, answer_type=answer_type
+    )
 
 
 def classifier_of(spec: ModelSpec, layout: Layout) -> Classifier | None:

@@ -17,7 +17,7 @@ import numpy as np
 from bucketserve.core.heads import owned, rule_of
 from bucketserve.core.layout import Outputs
 from bucketserve.core.model import Model
-from bucketserve.core.quantize import Calibration
+from bucketserve.core.quantize import Calibration, EmbeddingType
 from bucketserve.core.task import Task
 from bucketserve.errors import InvalidInput
 
@@ -47,6 +47,7 @@ class Embedding:
     width: int | None  # None: the graph leaves it free
     dimensions: tuple[int, ...] | str = ()
     calibration: Calibration | None = None  # each dimension's range, for int8 and uint8
+    answer_type: EmbeddingType = EmbeddingType.FLOAT  # what OpenAI's form answers
 
     def check_dimensions(self, wanted: int | None) -> None:
         """InvalidInput unless the embedding may be cut to `wanted` (None: not cut)."""

@@ -23,8 +23,15 @@ from pydantic import BaseModel, Field, StrictBool, StrictStr, ValidationError
 from bucketserve.core.calls import Inputs, LateChunks, Sequences, Texts
 from bucketserve.core.heads import Head, not_served
 from bucketserve.core.model import Model, Truncation
+from bucketserve.core.quantize import quantized
 from bucketserve.core.task import Task
-from bucketserve.core.tasks.embedding import EMBEDDING, Embed, LateChunked
+from bucketserve.core.tasks.embedding import (
+    EMBEDDING,
+    Embed,
+    Embedding,
+    LateChunked,
+    embedding_rule,
+)
 from bucketserve.edges.http.bodies import LONG_INPUTS, PROMPT_CUT, LongInputs, PromptCut
 from bucketserve.edges.http.common import (
     JSON,
@@ -67,7 +74,9 @@ class EmbeddingsBody(Lenient):
         "embeds, as text-embeddings-inference ignores it (said in X-Model-Substituted)",
     )
     encoding_format: Literal["float", "base64"] = Field(
-        "float", description="base64: the little-endian float32 bytes"
+        "float",
+        description="base64: the vectors' bytes (little-endian float32, or the model's "
+        "answer_type: a byte a number)",
     )
     dimensions: Count | None = Field(
         None,
@@ -97,7 +106,9 @@ class EmbeddingsBody(Lenient):
 class EmbeddingItem(BaseModel):
     object: Literal["embedding"]
     index: int
-    embedding: list[float] | str = Field(description="floats, or base64 of float32")
+    embedding: list[float] | list[int] | str = Field(
+        description="floats (integers where the model's answer_type says), or base64 of their bytes"
+    )
 
 
 class Usage(BaseModel):
@@ -218,10 +229,15 @@ def inputs_of(body: EmbeddingsBody, wire_bytes: int, own_ids: bool) -> Inputs:
     return Sequences(given, wire_bytes, own_ids)
 
 
-def encoded(vector: np.ndarray, encoding: str) -> str | np.ndarray:
+def answered(rows: list[np.ndarray], rule: Embedding, encoding: str) -> list[Any]:
+    """The vectors as the model's `answer_type` (Infinity's `--embedding-dtype`) and the
+    request's `encoding_format`: numbers, or base64 of their bytes (float32 little-endian, or
+    one byte a number, or the packed signs)."""
+    typed = quantized(np.stack(rows), rule.answer_type, rule.calibration, param="dimensions")
     if encoding == "base64":
-        return base64.b64encode(vector.astype("<f4").tobytes()).decode("ascii")
-    return vector
+        little = typed.astype("<f4") if typed.dtype == np.float32 else typed
+        return [base64.b64encode(row.tobytes()).decode("ascii") for row in little]
+    return list(typed)
 
 
 async def embeddings(request: Request) -> Response:
@@ -236,7 +252,7 @@ async def embeddings(request: Request) -> Response:
         answer = await answer_of(request, call)
     said_stand_in(request, answer)
     rows = [row for out in answer.outputs for row in np.atleast_2d(out[EMBEDDING])]
-    vectors = [encoded(row, body.encoding_format) for row in rows]
+    vectors = answered(rows, embedding_rule(answer.model), body.encoding_format)
     data = [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors)]
     tokens = sum(answer.lengths)
     return json_response(
