@@ -79,6 +79,27 @@ class ModelNotFound(BucketserveError):
     code = "model_not_found"
 
 
+class NotFound(BucketserveError):
+    """No such object (a bulk job's file or batch) for this key."""
+
+    status = 404
+    code = "not_found"
+
+
+class QuotaExceeded(BucketserveError):
+    """The key keeps as many files, or unfinished batches, as it may."""
+
+    status = 429
+    code = "quota_exceeded"
+
+
+class InsufficientStorage(BucketserveError):
+    """The server's disk could not keep what was sent (a full disk)."""
+
+    status = 507
+    code = "insufficient_storage"
+
+
 class PayloadTooLarge(BucketserveError):
     status = 413
     code = "payload_too_large"

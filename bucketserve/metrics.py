@@ -16,6 +16,8 @@ from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from bucketserve.settings import BULK_LEVEL
+
 
 class Differences(Protocol):
     """What the invariance check measured batching and padding to do to a model's answers."""
@@ -38,6 +40,7 @@ LENGTH_BUCKETS = (*range(4, 64, 4), *range(64, 128, 8), *range(128, 257, 16), 32
 
 NO_TENANT = "none"  # the label of requests without a tenant (tenancy off)
 OTHER_TENANT = "other"  # of a tenant the operator did not name
+JOB_TENANT = "job:"  # the tenants of bulk jobs (each job its own, labelled "jobs")
 
 
 class Metrics:
@@ -196,6 +199,20 @@ class Metrics:
             ["model", "version"],
             registry=r,
         )
+        self.jobs = Gauge(
+            "bucketserve_jobs", "bulk jobs (batches) kept, by status", ["status"], registry=r
+        )
+        self.job_lines = Counter(
+            "bucketserve_job_lines",
+            "lines of bulk jobs answered, by outcome (completed: 2xx; failed: the rest)",
+            ["outcome"],
+            registry=r,
+        )
+        self.job_tokens = Counter(
+            "bucketserve_job_tokens",
+            "tokens of the bulk jobs' lines answered (its rate: bulk tokens per second)",
+            registry=r,
+        )
         self._tokens: dict[tuple[str, str], list[int]] = {}
 
     def render(self) -> bytes:
@@ -277,12 +294,22 @@ class Metrics:
 
     def reject(self, reason: str, level: int = 0, tenant: str = "") -> None:
         self.rejected.labels(reason).inc()
-        self.class_rejected.labels(str(level), self._tenant(tenant), reason).inc()
+        self.class_rejected.labels(_level(level), self._tenant(tenant), reason).inc()
 
     def served(self, model: str, level: int, tenant: str, wait_s: float, tokens: int) -> None:
         label = self._tenant(tenant)
-        self.class_queue_seconds.labels(model, str(level), label).observe(wait_s)
-        self.class_tokens.labels(model, str(level), label).inc(tokens)
+        self.class_queue_seconds.labels(model, _level(level), label).observe(wait_s)
+        self.class_tokens.labels(model, _level(level), label).inc(tokens)
+
+    def job_moved(self, old: str | None, new: str) -> None:
+        """A bulk job went from status `old` (None: newly counted) to `new`."""
+        if old is not None:
+            self.jobs.labels(old).dec()
+        self.jobs.labels(new).inc()
+
+    def job_line_done(self, ok: bool, tokens: int) -> None:
+        self.job_lines.labels("completed" if ok else "failed").inc()
+        self.job_tokens.inc(tokens)
 
     def shared(self, model: str, count: int, tokens: int) -> None:
         self.shared_sequences.labels(model).inc(count)
@@ -300,4 +327,10 @@ class Metrics:
     def _tenant(self, tenant: str) -> str:
         if not tenant:
             return NO_TENANT
+        if tenant.startswith(JOB_TENANT):
+            return "jobs"
         return tenant if tenant in self.tenants else OTHER_TENANT
+
+
+def _level(level: int) -> str:
+    return "bulk" if level == BULK_LEVEL else str(level)

@@ -24,6 +24,8 @@ BINDINGS = ("shared-session", "session-per-key", "mutable")
 # Old spellings users may still send, each the alias of a setting's name now.
 DEPRECATED = {"strategy": "binding"}
 MODEL_CONTROL = ("none", "explicit", "poll")
+# The level of bulk jobs' work: after every level a request may ask for, never promoted
+BULK_LEVEL = 99
 
 
 @dataclass(frozen=True)
@@ -230,6 +232,20 @@ class Settings:
             "it goes first, so bulk work always moves"
         },
     )
+    jobs_dir: Path | None = field(
+        default=None,
+        metadata={
+            "help": "where bulk jobs keep their files and state (OpenAI's Files and Batch API; "
+            "default: $XDG_DATA_HOME/bucketserve/jobs, else ~/.local/share/bucketserve/jobs)"
+        },
+    )
+    max_file_mb: float = field(
+        default=512, metadata={"help": "the largest file a batch may upload, in MiB"}
+    )
+    max_files: int = field(default=100, metadata={"help": "files a tenant (API key) may keep"})
+    max_jobs: int = field(
+        default=8, metadata={"help": "batches a tenant (API key) may have unfinished at once"}
+    )
     tenant_header: str | None = field(
         default=None,
         metadata={
@@ -302,11 +318,15 @@ class Settings:
             e.strip().isdigit() for e in self.buckets.split(",")
         ):
             raise ConfigError(f"buckets: expected comma-separated lengths, got {self.buckets!r}")
-        if self.priority_levels < 1 or not 1 <= self.default_priority <= self.priority_levels:
+        if not 1 <= self.priority_levels < BULK_LEVEL:
+            raise ConfigError(f"priority_levels: 1 to {BULK_LEVEL - 1} (bulk jobs run after them)")
+        if not 1 <= self.default_priority <= self.priority_levels:
             raise ConfigError(
                 f"default_priority: {self.default_priority} is not a level of 1 to "
                 f"priority_levels ({self.priority_levels})"
             )
+        if self.max_file_mb <= 0 or self.max_files < 1 or self.max_jobs < 1:
+            raise ConfigError("max_file_mb, max_files and max_jobs: must be above 0")
         if self.max_overtakes < 0 or self.result_cache_mb < 0:
             raise ConfigError("max_overtakes and result_cache_mb: must be 0 or more")
         if self.tenant_header is not None and not _token(self.tenant_header):

@@ -15,7 +15,9 @@ from bucketserve.process.wiring import running, wire
 from bucketserve.settings import Settings
 
 wired = wire(Settings.from_env())
-served = create_app(wired.engine, wired.control, wired.metrics, wired.keys)
+served = create_app(
+    wired.engine, wired.control, wired.metrics, wired.keys, wired.limits, wired.jobs
+)
 
 
 async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -26,7 +28,8 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
-                await stack.enter_async_context(running(wired.engine, wired.control, wired.metrics))
+                context = running(wired.engine, wired.control, wired.metrics, wired.jobs)
+                await stack.enter_async_context(context)
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 await stack.aclose()

@@ -34,12 +34,14 @@ def running_server(
     result_cache: bool = False,
 ) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     """`bucketserve serve` on the repository `models`: the process and its base URL, once
-    /v2/health/ready answers 200. `result_cache`: as the server's default; off unless asked
+    /v2/health/ready answers 200, its bulk jobs kept beside the log. `result_cache`: as the
+    server's default; off unless asked
     for (or `flags` give its size), since a load test replays a fixed set of requests and
     would otherwise measure the cache, not the model's path."""
     command = [sys.executable, "-m", "bucketserve", "serve", "--models", str(models)]
     off = [] if result_cache else ["--result-cache-mb", "0"]
-    command += [*off, *flags]  # (a flag given again wins)
+    jobs = ["--jobs-dir", str(log_path.parent / "jobs")]  # (never the user's own)
+    command += [*off, *jobs, *flags]  # (a flag given again wins)
     with running_process(command, log_path=log_path, env=env, ready_within_s=ready_within_s) as up:
         yield up
 

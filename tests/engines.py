@@ -19,6 +19,7 @@ from bucketserve.control import Control
 from bucketserve.core.engine import Engine
 from bucketserve.edges.auth import ApiKeys
 from bucketserve.edges.http.app import create_app
+from bucketserve.jobs.jobs import Jobs
 from bucketserve.loading import ModelSpec, load_engine, load_model_spec
 from bucketserve.loading.layouts import layout_of
 from bucketserve.metrics import Metrics
@@ -61,15 +62,17 @@ async def serving(
     engine: Engine, control: Control | None = None
 ) -> AsyncIterator[httpx.AsyncClient]:
     """The app around `engine` (and `control`), wired and running as the process runs them
-    (the API keys from the engine's settings), and a client talking to it in-process."""
+    (the API keys from the engine's settings; bulk jobs where its settings name a jobs
+    directory), and a client talking to it in-process."""
     settings = engine.settings
     control = control or Control(engine, None)
     keys = ApiKeys(
         settings.api_keys(), settings.open_metrics, settings.docs, settings.tenant_header
     )
     metrics = Metrics(keys.tenants | set(settings.weights()))
-    app = create_app(engine, control, metrics, keys)
-    async with running(engine, control, metrics):
+    jobs = None if settings.jobs_dir is None else Jobs(settings.jobs_dir, engine, metrics, settings)
+    app = create_app(engine, control, metrics, keys, jobs=jobs)
+    async with running(engine, control, metrics, jobs):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
             yield client

@@ -227,3 +227,21 @@ def test_the_scheduling_bench_reads_the_server_metrics_as_prometheus_would() -> 
     assert metric(after, "y_total") == 17
     assert quantile(before, after, "x", 0.5) == pytest.approx(0.1)  # 50 of 100 by 0.1 s
     assert quantile(before, after, "x", 0.75) == pytest.approx(0.3)  # halfway to 0.5 s
+
+
+def test_the_bulk_bench_runs_a_job_online_and_under_live_traffic(
+    minilm_spec: ModelSpec, tmp_path: Path
+) -> None:
+    """`loadtest.bulk` on few texts: every part measured, each job complete (it raises if
+    not), the ratios and the live bound reported."""
+    report_path = tmp_path / "bulk.json"
+    small = ["--texts", "100", "--rounds", "1", "--seconds", "1", "--ceiling-seconds", "0.3"]
+    command = [sys.executable, "-m", "loadtest.bulk", *small, "--json", str(report_path)]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(report_path.read_text())
+    assert report["texts"] == 100
+    assert report["job_over_ceiling"] > 0
+    assert report["live_with_job"]["answered"] > 0
+    assert report["live_with_job"]["errors"] == {}
+    assert "of the ceiling" in done.stdout

@@ -10,6 +10,7 @@ import pytest
 
 from bucketserve.core.bucketing import BucketKey, BucketPlan
 from bucketserve.core.queues import BucketQueues, Pending
+from bucketserve.settings import BULK_LEVEL
 
 PLAN = BucketPlan(edges=(8, 16, 32), max_batch_size=4, max_batch_tokens=64)
 DELAY = 0.005
@@ -88,3 +89,26 @@ async def test_cancelled_and_expired_sequences_are_dropped_before_compute() -> N
     dropped = queues.purge(0.003)
     assert dropped == {"cancelled": [gone], "expired": [late]}
     assert ids(queues.take(DELAY)) == (8, [2])
+
+
+def test_bulk_work_waits_behind_every_level_and_is_never_promoted() -> None:
+    """A request's sequence goes before bulk work however often the bulk work was passed
+    over (a request's level is promoted after `max_overtakes`; bulk work never is)."""
+    queues = BucketQueues(max_delay=0.0, max_overtakes=2)
+    key = BucketKey(rows=2, length=16)
+    loop = asyncio.new_event_loop()
+
+    def pending(level: int, at: float) -> Pending:
+        return Pending(np.zeros(4, np.int64), loop.create_future(), at, 1e9, level=level)
+
+    bulk = [pending(BULK_LEVEL, 0.0) for _ in range(2)]
+    for item in bulk:
+        queues.add(key, item)
+    for round_ in range(6):
+        live = [pending(3, 1.0 + round_) for _ in range(2)]
+        for item in live:
+            queues.add(key, item)
+        taken = queues.take(now=10.0 + round_)
+        assert taken == (key, live)
+    assert queues.take(now=100.0) == (key, bulk)
+    loop.close()

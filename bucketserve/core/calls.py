@@ -231,6 +231,7 @@ class Call:
     head: Head | None = None  # the task that answers from the outputs (None: the outputs)
     priority: int | None = None  # its level, 1 first (None or 0: the server's default)
     tenant: str = ""  # whose share of the model it uses ("" when tenancy is off)
+    bulk: bool = False  # a bulk job's line: below every level, without the server's deadline
     # a route standing in for a server that ignores model names (TEI): a name the registry
     # does not know goes to the one model that serves the task, and the answer says so
     stand_in: bool = False

@@ -57,10 +57,12 @@ from bucketserve.core.shares import Shares
 from bucketserve.core.task import Task
 from bucketserve.errors import InvalidInput
 from bucketserve.metrics import Metrics
-from bucketserve.settings import Settings
+from bucketserve.settings import BULK_LEVEL, Settings
 from bucketserve.tracing import Tracing
 
 log = logging.getLogger(__name__)
+
+BULK_WAIT_S = 24 * 3600  # a bulk job's line: it waits within its job's completion window
 
 
 class Engine:
@@ -260,9 +262,11 @@ class Engine:
 
     async def _infer(self, call: Call, model: Model, served: Running) -> Answer:
         """The request on the model it resolved to, which stays running until it is done."""
-        deadline = self.deadline(call.timeout_ms)  # (counted from the request's arrival here)
+        # (counted from the request's arrival here; a job's line waits as long as its job may)
+        bulk = call.bulk
+        deadline = time.monotonic() + BULK_WAIT_S if bulk else self.deadline(call.timeout_ms)
         with self.tracing.span("bucketserve.admission", {"bucketserve.model": model.name}):
-            level = self.level(call.priority)
+            level = BULK_LEVEL if bulk else self.level(call.priority)
             head = call.head or Picked(tuple(wanted_outputs(model, call.outputs)))
             head.outputs(model)  # (a model that cannot do the task is refused here)
             count = call.inputs.count(model)

@@ -9,7 +9,8 @@ Which ready key runs, and which of its sequences: the best priority level first 
 best, as in Triton); within a level, the tenant furthest behind its share of the tokens
 (`shares`); then the earliest deadline, so a rare bucket never starves. A sequence that would
 have run in arrival order, passed over `max_overtakes` times for a better level, counts as
-the best level from then on, so bulk work always moves. A level only chooses which key runs next
+the best level from then on, so bulk work always moves (but bulk jobs', `BULK_LEVEL`, which
+run only where requests leave room). A level only chooses which key runs next
 and who rides in its batch: batches still form by length, never padded further for it; while
 a better level is sending, a worse level's batches are shorter (fewer rows), so that a query
 never waits for a long one.
@@ -29,6 +30,7 @@ import numpy as np
 from bucketserve.core.bucketing import BucketKey
 from bucketserve.core.layout import Outputs
 from bucketserve.core.shares import Shares
+from bucketserve.settings import BULK_LEVEL
 
 PROMOTED = 0  # the level of a sequence overtaken as often as it may be: before every other
 DEFAULT_MAX_OVERTAKES = 16
@@ -136,8 +138,10 @@ class BucketQueues:
         return len(queue) >= key.rows or now >= queue[0].enqueued + self.max_delay
 
     def level(self, item: Pending) -> int:
-        """The level it is taken at: its own, or the best once overtaken enough."""
-        return PROMOTED if item.overtaken >= self.max_overtakes else item.level
+        """The level it is taken at: its own, or the best once overtaken enough (bulk work
+        never is: it fills what the levels of requests leave)."""
+        promoted = item.overtaken >= self.max_overtakes and item.level != BULK_LEVEL
+        return PROMOTED if promoted else item.level
 
     def take(self, now: float) -> tuple[BucketKey, list[Pending]] | None:
         """The next batch to run, or None when no key is ready yet."""

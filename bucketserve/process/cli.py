@@ -1,6 +1,6 @@
-"""The `bucketserve` command: `serve` the model repository, `plan` bucket edges, `probe` a running
-server's health (container health checks), `models build` the bundled models, `models import`
-a Hugging Face export folder."""
+"""The `bucketserve` command: `serve` the model repository, `batch run` a bulk job without a
+server, `plan` bucket edges, `probe` a running server's health (container health checks),
+`models build` the bundled models, `models import` a Hugging Face export folder."""
 
 from __future__ import annotations
 
@@ -24,6 +24,14 @@ def _serve(args: argparse.Namespace) -> int:
 
     overrides = {f.name: getattr(args, f.name) for f in fields(Settings)}
     return server.run(Settings.from_env(**overrides))
+
+
+def _batch_run(args: argparse.Namespace) -> int:
+    from bucketserve.process.batch import run_batch
+
+    overrides = {f.name: getattr(args, f.name) for f in fields(Settings)}
+    settings = Settings.from_env(**overrides)
+    return run_batch(settings, args.input, args.out, args.endpoint, args.model, args.column)
 
 
 # The KServe v2 health routes (bucketserve/edges/http/kserve_routes.py); container probes use them.
@@ -264,6 +272,27 @@ def parser() -> argparse.ArgumentParser:
     probe.add_argument("--port", type=int, help="default: BUCKETSERVE_PORT, else 8000")
     probe.add_argument("--timeout", type=float, default=3.0, help="seconds")
     probe.set_defaults(run=_probe)
+
+    batch = commands.add_parser("batch", help="run bulk jobs without a server")
+    batch_commands = batch.add_subparsers(dest="batch_command", required=True)
+    batch_run = batch_commands.add_parser(
+        "run",
+        help="run a file of requests (or texts) as one batch, resuming where a run stopped",
+        description="Load the repository as `serve` does and run IN as a batch of OpenAI's "
+        "Batch API, sorted by length: OUT gets the answers (OUT.errors.jsonl the failed "
+        "lines). IN is JSONL request lines, a file of texts (one a line), or a parquet file "
+        "(--column). Interrupted, the same command goes on from its last checkpoint "
+        "(kept in OUT.partial/).",
+    )
+    batch_run.add_argument("input", type=Path, metavar="IN", help="the requests or texts")
+    batch_run.add_argument("--out", type=Path, required=True, help="the answers (JSONL)")
+    batch_run.add_argument(
+        "--endpoint", default="/v1/embeddings", help="the route each line runs (JSONL: its url)"
+    )
+    batch_run.add_argument("--model", dest="model", help="texts: the model that embeds them")
+    batch_run.add_argument("--column", default="text", help="parquet: the texts' column")
+    _add_settings(batch_run)
+    batch_run.set_defaults(run=_batch_run)
 
     models = commands.add_parser("models", help="manage the model repository")
     models_commands = models.add_subparsers(dest="models_command", required=True)

@@ -75,7 +75,9 @@ class HttpListener:
 
     def __init__(self, wired: Wired) -> None:
         settings = wired.settings
-        app = create_app(wired.engine, wired.control, wired.metrics, wired.keys, wired.limits)
+        app = create_app(
+            wired.engine, wired.control, wired.metrics, wired.keys, wired.limits, wired.jobs
+        )
         self.config = uvicorn.Config(
             app,
             host=settings.host,
@@ -192,7 +194,7 @@ async def serve(wired: Wired, ports: Sequence[Listener]) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig)
     engine = wired.engine
-    async with running(engine, wired.control, wired.metrics):
+    async with running(engine, wired.control, wired.metrics, wired.jobs):
         try:
             for listener in ports:
                 await listener.start()
@@ -219,6 +221,7 @@ async def drain(wired: Wired, ports: Sequence[Listener]) -> None:
     until = asyncio.get_running_loop().time() + wired.settings.drain_timeout_s
     for listener in ports:
         listener.stop_accepting()
+    await wired.jobs.stop()  # (their lines in flight answered and kept; resumed at the start)
     await wired.engine.drain()
     await asyncio.gather(*(listener.drain(until) for listener in ports))
 

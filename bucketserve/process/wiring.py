@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 
 from bucketserve.control import Control
 from bucketserve.core.engine import Engine
 from bucketserve.core.shares import Shares
 from bucketserve.edges.auth import ApiKeys
 from bucketserve.edges.limits import Limits
+from bucketserve.jobs.jobs import Jobs
 from bucketserve.loading import open_repository
 from bucketserve.metrics import Metrics
 from bucketserve.settings import Settings
@@ -31,6 +34,7 @@ class Wired:
     metrics: Metrics
     keys: ApiKeys
     limits: Limits  # what one request may hold, for every protocol
+    jobs: Jobs  # bulk jobs, run by the HTTP app (which attaches itself to them)
 
 
 def wire(settings: Settings) -> Wired:
@@ -51,16 +55,30 @@ def wire(settings: Settings) -> Wired:
         interval_s=settings.poll_interval_s,
     )
     metrics = Metrics(keys.tenants | set(weights))
-    return Wired(settings, engine, control, metrics, keys, Limits.of(settings))
+    jobs = Jobs(settings.jobs_dir or default_jobs_dir(), engine, metrics, settings)
+    return Wired(settings, engine, control, metrics, keys, Limits.of(settings), jobs)
+
+
+def default_jobs_dir() -> Path:
+    """$XDG_DATA_HOME/bucketserve/jobs, else ~/.local/share/bucketserve/jobs."""
+    base = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
+    return Path(base) / "bucketserve" / "jobs"
 
 
 @contextlib.asynccontextmanager
-async def running(engine: Engine, control: Control, metrics: Metrics) -> AsyncIterator[None]:
-    """The engine's schedulers and model control's poller running inside the block; at its
-    end, the poller stopped, everything admitted answered (the drain), then the rest."""
+async def running(
+    engine: Engine, control: Control, metrics: Metrics, jobs: Jobs | None = None
+) -> AsyncIterator[None]:
+    """The engine's schedulers, model control's poller and the unfinished bulk jobs running
+    inside the block; at its end, the jobs and the poller stopped, everything admitted
+    answered (the drain), then the rest."""
     async with engine.running(metrics):
         control.start()
+        if jobs is not None:
+            jobs.resume()
         try:
             yield
         finally:
+            if jobs is not None:
+                await jobs.stop()
             await control.stop()

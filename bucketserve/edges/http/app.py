@@ -1,5 +1,5 @@
 """The FastAPI application factory: wiring only. The routes live beside it (`predict`,
-`kserve_routes`, `openai_api`, `tasks`, `tei_api`, `cohere_api`,
+`kserve_routes`, `openai_api`, `tasks`, `tei_api`, `cohere_api`, `batch_api`,
 `contract`), and so do the middleware
 (`context`, and `guard` when the server has an API key); errors are answered here, as
 `edges.failures` rules for both protocols, in the form of the route they came in on
@@ -23,6 +23,7 @@ from bucketserve.core.engine import Engine
 from bucketserve.edges.auth import ApiKeys
 from bucketserve.edges.failures import CLIENT_CLOSED, Failures
 from bucketserve.edges.http import (
+    batch_api,
     cohere_api,
     contract,
     kserve_routes,
@@ -41,8 +42,10 @@ from bucketserve.edges.http.common import (
 from bucketserve.edges.http.context import RequestContext
 from bucketserve.edges.http.dialects import error_body
 from bucketserve.edges.http.guard import RequireKey
+from bucketserve.edges.http.inprocess import InProcess
 from bucketserve.edges.limits import Limits
 from bucketserve.errors import BucketserveError, InvalidInput
+from bucketserve.jobs.jobs import Jobs
 from bucketserve.metrics import Metrics
 
 
@@ -61,11 +64,12 @@ def create_app(
     metrics: Metrics | None = None,
     keys: ApiKeys | None = None,
     limits: Limits | None = None,
+    jobs: Jobs | None = None,
 ) -> FastAPI:
     """The app over `engine`; `control`: model control (default: off); `metrics`: where
     requests are counted (the process's, shared with gRPC); `keys`: the API keys required
     (default: none); `limits`: what a request may hold (the process's; default: from the
-    engine's settings)."""
+    engine's settings); `jobs`: the bulk jobs, which the app runs (default: off)."""
     metrics = metrics or Metrics()
     keys = keys or ApiKeys(())
     limits = limits or Limits.of(engine.settings)
@@ -82,6 +86,9 @@ def create_app(
     app.state.metrics = metrics
     app.state.keys = keys
     app.state.limits = limits
+    app.state.jobs = jobs
+    if jobs is not None:
+        jobs.attach(InProcess(app))
     app.include_router(kserve_routes.router)
     app.include_router(openai_api.router)
     app.include_router(pooling_api.router)
@@ -89,6 +96,7 @@ def create_app(
     app.include_router(tei_api.router)
     app.include_router(cohere_api.router)
     app.include_router(shapes.router)
+    app.include_router(batch_api.router)
     registry = engine.registry
     versions = [str(model.info.version) for model in registry.models.values()]
     names = [*registry.models, *registry.failed, *registry.aliases]

@@ -20,7 +20,7 @@ from bucketserve.control import Control
 from bucketserve.core.calls import OFF_LOOP_BYTES, Answer, Call, Inputs
 from bucketserve.core.engine import Engine
 from bucketserve.edges.auth import ApiKeys
-from bucketserve.edges.http.context import NOTES
+from bucketserve.edges.http.context import BULK, NOTES
 from bucketserve.edges.http.dialects import error_body
 from bucketserve.edges.kserve import level_of
 from bucketserve.edges.limits import Budget, Limits
@@ -260,8 +260,18 @@ def request_priority(request: Request, given: int | None = None) -> int | None:
     return level_of(raw, "X-Priority")
 
 
+def bulk_job(request: Request) -> str | None:
+    """The tenant of the bulk job the request is a line of (None: a client's request)."""
+    tenant: str | None = request.scope.get("extensions", {}).get(BULK)
+    return tenant
+
+
 def request_tenant(request: Request) -> str:
-    """The request's tenant, by its key or the header the operator names (`edges.auth`)."""
+    """The request's tenant, by its key or the header the operator names (`edges.auth`); a
+    bulk job's line, its job's."""
+    job = bulk_job(request)
+    if job is not None:
+        return job
     keys: ApiKeys = request.app.state.keys
     named = request.headers.get(keys.tenant_header) if keys.tenant_header else None
     return keys.tenant(request.headers.getlist("authorization"), named)
@@ -279,6 +289,7 @@ def call_of(request: Request, inputs: Inputs, model: str | None, **given: Any) -
         request_id=request_id(request),
         priority=priority,
         tenant=request_tenant(request),
+        bulk=bulk_job(request) is not None,
         **given,
     )
 

@@ -23,6 +23,9 @@ from bucketserve.tracing import Tracing
 REQUEST_ID = "x-request-id"
 # A request state's key: the headers a route noted for its answer (`common.note`).
 NOTES = "notes"
+# A scope's extension: the tenant of the bulk job a request is a line of (`jobs`). Set only by
+# the job's dispatch, in process: nothing a client sends can set it.
+BULK = "bucketserve.bulk"
 
 
 class RequestContext:
@@ -68,7 +71,8 @@ class RequestContext:
             finally:
                 route = scope.get("route")
                 path = getattr(route, "path", "unmatched")
-                self.metrics.request_done(path, status, time.perf_counter() - start)
+                if BULK not in scope.get("extensions", {}):  # (a job's lines: its own metrics)
+                    self.metrics.request_done(path, status, time.perf_counter() - start)
                 span.rename(f"{method} {path}")  # (the route's template: few names)
                 span.set("http.response.status_code", status)
                 span.set("bucketserve.request_id", request_id)

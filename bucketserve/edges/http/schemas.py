@@ -264,8 +264,10 @@ WHY = {
     413: "body too large",
     415: "a body that is not JSON (v2: or binary tensors)",
     422: "invalid input: a value or shape the model cannot take",
+    429: "the key keeps as many files, or unfinished batches, as it may",
     503: "queue full, draining, or the model did not load (Retry-After says when to retry)",
     504: "the deadline passed",
+    507: "the server's disk could not keep the file",
 }
 
 

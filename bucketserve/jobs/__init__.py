@@ -1,0 +1,10 @@
+"""Bulk jobs: a file of requests run as a batch (OpenAI's Files and Batch API, and
+`bucketserve batch run`), below the protocol edges that offer them and over the engine whose
+tokenizers order them.
+
+The flow, one way: `store` keeps files and each batch's state on disk (SQLite for the state,
+plain files for the data); `lines` reads an input file and refuses it whole where OpenAI
+does, or orders its lines by length; `runner` sends each line, in that order and at the bulk
+level, through the one request path (a `Dispatch`, the application in process), and writes
+the answers back in checkpoints; `jobs` starts, resumes, cancels and stops the runners.
+"""

@@ -1,0 +1,372 @@
+"""One batch, from its input file to its output files: read and checked (`lines`), ordered by
+length, then each line sent through the one request path (`Dispatch`: the application in
+process, at the bulk level) with a bounded number in flight, and answered back in the
+order's prefix: the answers of the first `done` lines of the order are in the first bytes
+of the output and error files that the last checkpoint names. A restart truncates both files
+to their checkpoint and goes on from `done`, so each line is answered exactly once.
+
+A line the server could not take now (503: a queue full, or 504) is sent again later: bulk
+work waits for room, it is never refused for the lack of it. Any other answer is the line's:
+2xx in the output file, the rest in the error file, as OpenAI's are.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import os
+import time
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import orjson
+
+from bucketserve.core.engine import Engine
+from bucketserve.jobs import lines
+from bucketserve.jobs.store import BatchRecord, Progress, Store, now
+from bucketserve.metrics import JOB_TENANT, Metrics
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_S = 1.0  # answers are made durable at least this often
+IN_FLIGHT = 64  # lines sent at once: two of a long bucket's batches, in order of length
+RETRY_S = (0.05, 2.0)  # a line the server had no room for: first wait, longest wait
+RETRIED = (503, 504)
+FINAL = ("completed", "failed", "expired", "cancelled")
+
+
+class Dispatch(Protocol):
+    def __call__(
+        self, path: str, body: bytes, tenant: str
+    ) -> Awaitable[tuple[int, str, bytes]]: ...  # status, request id, body
+
+
+class JobFailed(Exception):
+    """The batch cannot go on (its model gone, its files unwritable): failed, with this."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class Answered:
+    """One line's answer, as its file line."""
+
+    ok: bool
+    line: bytes
+    tokens: int
+
+
+class Runner:
+    def __init__(
+        self, store: Store, batch_id: str, engine: Engine, dispatch: Dispatch, metrics: Metrics
+    ) -> None:
+        self.store, self.batch_id, self.engine = store, batch_id, engine
+        self.dispatch, self.metrics = dispatch, metrics
+        self.folder = store.batch_dir(batch_id)
+        self._cancel = asyncio.Event()
+        self._stop = asyncio.Event()
+
+    def cancel(self) -> None:
+        self._cancel.set()
+
+    def stop(self) -> None:
+        """Stop sending (the server drains): what is in flight is answered and checkpointed;
+        the batch stays in progress, for the next start."""
+        self._stop.set()
+
+    @property
+    def record(self) -> BatchRecord:
+        record = self.store.batch(self.batch_id)
+        assert record is not None
+        return record
+
+    def _status(self, status: str, **fields: Any) -> BatchRecord:
+        """The batch moved to `status`, at its time (OpenAI's `{status}_at`)."""
+        stamp = {} if status == "validating" else {f"{status}_at": now()}
+        self.metrics.job_moved(self.record.status, status)
+        return self.store.update(self.batch_id, status=status, **stamp, **fields)
+
+    async def run(self) -> None:
+        """The batch to its end (or until stopped), whatever status it was left in."""
+        try:
+            if self.record.status == "validating":
+                await self._validate()
+            if self.record.status == "in_progress":
+                await self._answer()
+            if self.record.status == "finalizing":
+                await asyncio.to_thread(self._finish, "completed")
+            elif self.record.status == "cancelling":
+                await asyncio.to_thread(self._finish, "cancelled")
+        except JobFailed as failed:
+            log.warning("batch %s failed: %s", self.batch_id, failed)
+            error = {"code": failed.code, "message": str(failed), "line": None}
+            await asyncio.to_thread(self._finish, "failed", errors=_errors([error]))
+
+    # -- validating -----------------------------------------------------------------------
+
+    async def _validate(self) -> None:
+        record = self.record
+        path = self.store.file_path(record.object["input_file_id"])
+        try:
+            read = await asyncio.to_thread(lines.read, path, record.object["endpoint"], self.engine)
+        except OSError as exc:
+            raise JobFailed("file_unreadable", f"the input file: {exc.strerror}") from None
+        if read.errors:
+            self._status("failed", errors=_errors(read.errors))
+            return
+        model = lines.the_model(self.engine, read.model)
+        lengths = await asyncio.to_thread(lines.lengths, read.lines, model)
+        numbers = np.array([line.number for line in read.lines], np.int64)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        plan = self.folder / "order.npz"
+        written = self.folder / "order.tmp.npz"
+        np.savez(written, order=lines.order(lengths), lengths=lengths, numbers=numbers)
+        os.replace(written, plan)
+        counts = {"total": len(read.lines), "completed": 0, "failed": 0}
+        self.store.update(self.batch_id, request_counts=counts, model=read.model)
+        self._status("cancelling" if self._cancel.is_set() else "in_progress")
+
+    # -- in progress ----------------------------------------------------------------------
+
+    async def _answer(self) -> None:
+        record = self.record
+        plan = np.load(self.folder / "order.npz")
+        order, lengths, numbers = plan["order"], plan["lengths"], plan["numbers"]
+        wanted = set(numbers.tolist())
+        path = self.store.file_path(record.object["input_file_id"])
+        try:
+            found = await asyncio.to_thread(_requests, path, wanted)
+        except OSError as exc:
+            raise JobFailed("file_unreadable", f"the input file: {exc.strerror}") from None
+        requests = [found[n] for n in numbers.tolist()]
+        with Writer(self.folder, record.progress) as writer:
+            try:
+                await self._send(record, requests, order, lengths, writer)
+            finally:
+                await asyncio.to_thread(writer.checkpoint, self.store, self.batch_id)
+        if self._cancel.is_set():
+            if self.record.status != "cancelling":
+                self._status("cancelling")
+        elif writer.progress.done == len(order):
+            self._status("finalizing")
+        elif self._expired(record):
+            await asyncio.to_thread(self._expire, requests, order, writer.progress.done)
+
+    async def _send(
+        self,
+        record: BatchRecord,
+        requests: list[tuple[str, bytes]],
+        order: np.ndarray,
+        lengths: np.ndarray,
+        writer: Writer,
+    ) -> None:
+        endpoint = record.object["endpoint"]
+        tenant = JOB_TENANT + self.batch_id
+        room = asyncio.Semaphore(IN_FLIGHT)
+        failed: list[JobFailed] = []
+        sent: set[asyncio.Task[None]] = set()
+        last = time.monotonic()
+
+        async def one(position: int) -> None:
+            custom_id, body = requests[int(order[position])]
+            try:
+                answer = await self._line(endpoint, custom_id, body, tenant)
+                if answer is not None:
+                    answer.tokens = int(lengths[order[position]])
+                    writer.answered(position, answer)
+                    self.metrics.job_line_done(answer.ok, answer.tokens)
+            except JobFailed as exc:
+                failed.append(exc)
+            finally:
+                room.release()
+
+        for position in range(record.progress.done, len(order)):
+            await room.acquire()
+            if self._halted(record) or failed:
+                room.release()
+                break
+            task = asyncio.create_task(one(position))
+            sent.add(task)
+            task.add_done_callback(sent.discard)
+            if time.monotonic() - last >= CHECKPOINT_S:
+                await asyncio.to_thread(writer.checkpoint, self.store, self.batch_id)
+                last = time.monotonic()
+        await asyncio.gather(*sent)
+        if failed:
+            raise failed[0]
+
+    def _halted(self, record: BatchRecord) -> bool:
+        return self._cancel.is_set() or self._stop.is_set() or self._expired(record)
+
+    def _expired(self, record: BatchRecord) -> bool:
+        return now() >= int(record.object["expires_at"])
+
+    async def _line(
+        self, endpoint: str, custom_id: str, body: bytes, tenant: str
+    ) -> Answered | None:
+        """The line's answer (None: stopped before the server had room for it)."""
+        wait = RETRY_S[0]
+        while True:
+            status, request_id, answer = await self.dispatch(endpoint, body, tenant)
+            if status not in RETRIED:
+                break
+            if self._cancel.is_set() or self._stop.is_set():
+                return None
+            await asyncio.sleep(wait)
+            wait = min(wait * 2, RETRY_S[1])
+        if status == 404 and not self._model_served():
+            raise JobFailed(
+                "model_unavailable",
+                f"the model {self.record.object.get('model')!r} is no longer served; create "
+                "the batch again once it is",
+            )
+        return Answered(200 <= status < 300, output_line(self.batch_id, custom_id, status,
+                                                          request_id, answer), 0)  # fmt: skip
+
+    def _model_served(self) -> bool:
+        return lines.served(self.engine, self.record.object.get("model"))
+
+    def _expire(self, requests: list[tuple[str, bytes]], order: np.ndarray, done: int) -> None:
+        """The lines not answered within the window, each an error line, as OpenAI's."""
+        error = {
+            "code": "batch_expired",
+            "message": "This request could not be executed before the completion window expired.",
+        }
+        with Writer(self.folder, self.record.progress) as writer:
+            for position in range(done, len(order)):
+                custom_id = requests[int(order[position])][0]
+                line = error_line(self.batch_id, custom_id, error)
+                writer.answered(position, Answered(False, line, 0))
+            writer.checkpoint(self.store, self.batch_id)
+        self._finish("expired")
+
+    # -- the end --------------------------------------------------------------------------
+
+    def _finish(self, status: str, **fields: Any) -> None:
+        """The batch ended as `status`: what it answered, as files of its owner (the output,
+        and the errors), named in it."""
+        try:
+            ids = self._output_files()
+        except OSError as exc:
+            log.warning("batch %s: its output could not be kept: %s", self.batch_id, exc)
+            ids = {}
+        self._status(status, **ids, **fields)
+
+    def _output_files(self) -> dict[str, str]:
+        record = self.record
+        progress = record.progress
+        ids: dict[str, str] = {}
+        for name, field, size in (
+            ("output.jsonl", "output_file_id", progress.output_bytes),
+            ("errors.jsonl", "error_file_id", progress.error_bytes),
+        ):
+            file_id = f"file-{self.batch_id.removeprefix('batch_')}-{name.split('.')[0]}"
+            path = self.folder / name
+            if size and path.is_file():
+                with path.open("r+b") as file:
+                    file.truncate(size)  # (past the last checkpoint: never counted)
+                named = f"{self.batch_id}_{name}"
+                self.store.add_file(path, record.tenant, named, "batch_output", file_id)
+            if size:  # (kept before a restart, or now)
+                ids[field] = file_id
+        return ids
+
+
+class Writer:
+    """The answers, appended to the batch's files in the order's prefix, made durable at each
+    checkpoint (files synced, then the state committed)."""
+
+    def __init__(self, folder: Path, progress: Progress) -> None:
+        self.progress = progress
+        self._pending: dict[int, Answered] = {}
+        self._files = {
+            True: _opened(folder / "output.jsonl", progress.output_bytes),
+            False: _opened(folder / "errors.jsonl", progress.error_bytes),
+        }
+        self._written = {True: progress.output_bytes, False: progress.error_bytes}
+        self._counts = {True: progress.completed, False: progress.failed}
+        self._tokens = progress.tokens
+        self._next = progress.done
+
+    def answered(self, position: int, answer: Answered) -> None:
+        self._pending[position] = answer
+        while self._next in self._pending:
+            done = self._pending[self._next]
+            try:
+                self._files[done.ok].write(done.line)
+            except OSError as exc:
+                raise JobFailed(
+                    "output_unwritable", f"writing the output: {exc.strerror}"
+                ) from None
+            del self._pending[self._next]
+            self._written[done.ok] += len(done.line)
+            self._counts[done.ok] += 1
+            self._tokens += done.tokens
+            self._next += 1
+
+    def checkpoint(self, store: Store, batch_id: str) -> None:
+        try:
+            for file in self._files.values():
+                file.flush()
+                os.fsync(file.fileno())
+        except OSError as exc:
+            raise JobFailed("output_unwritable", f"writing the output: {exc.strerror}") from None
+        self.progress = Progress(self._next, self._written[True], self._written[False],
+                                 self._counts[True], self._counts[False], self._tokens)  # fmt: skip
+        store.checkpoint(batch_id, self.progress)
+
+    def __enter__(self) -> Writer:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        for file in self._files.values():
+            with contextlib.suppress(OSError):
+                file.close()
+
+
+def _opened(path: Path, size: int) -> Any:
+    """`path` for appending after its first `size` bytes (what a checkpoint counted)."""
+    file = path.open("ab")
+    file.truncate(size)
+    return file
+
+
+def _requests(path: Path, wanted: set[int]) -> dict[int, tuple[str, bytes]]:
+    """The input file's requests (custom_id, body), by line number: those `wanted`."""
+    found: dict[int, tuple[str, bytes]] = {}
+    for number, raw in lines.raw_lines(path):
+        if number in wanted:
+            request = orjson.loads(raw)
+            found[number] = (request["custom_id"], orjson.dumps(request["body"]))
+    return found
+
+
+def _errors(errors: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"object": "list", "data": errors}
+
+
+def line_id(batch_id: str, custom_id: str) -> str:
+    digest = hashlib.blake2b(f"{batch_id}\0{custom_id}".encode(), digest_size=12).hexdigest()
+    return f"batch_req_{digest}"
+
+
+def output_line(batch_id: str, custom_id: str, status: int, request_id: str, body: bytes) -> bytes:
+    """A line of the output (or error) file: the route's answer as it sent it."""
+    head = {"id": line_id(batch_id, custom_id), "custom_id": custom_id}
+    response = b'{"status_code":%d,"request_id":%s,"body":%s}' % (
+        status, orjson.dumps(request_id), body or b"null"
+    )  # fmt: skip
+    return orjson.dumps(head)[:-1] + b',"response":' + response + b',"error":null}\n'
+
+
+def error_line(batch_id: str, custom_id: str, error: dict[str, str]) -> bytes:
+    """A line of the error file for a request that got no answer (expired)."""
+    head = {"id": line_id(batch_id, custom_id), "custom_id": custom_id, "response": None}
+    return orjson.dumps(head | {"error": error}) + b"\n"

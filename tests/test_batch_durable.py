@@ -1,0 +1,101 @@
+"""A batch survives its server's death (slow tier: a real process, SIGKILLed). A job of
+20,000 lines is killed three times (once while it is read and ordered, twice at random points
+of its answering), the server started again on the same jobs directory each time; the
+output then holds exactly one line per `custom_id`, each equal to the same request online.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from tests.exports import texts
+from tests.helpers import server_process
+
+openai = pytest.importorskip("openai")
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+LINES = 20_000
+KILLS = 3
+
+
+def batch_of(sdk: Any, batch_id: str) -> Any:
+    return sdk.batches.retrieve(batch_id)
+
+
+def online_answers(url: str, given: list[str]) -> dict[str, list[float]]:
+    """Each text's embedding as /v1/embeddings answers it online (200 texts a request)."""
+    expected = {}
+    with httpx.Client(base_url=url, timeout=120) as online:
+        for first in range(0, len(given), 200):
+            body = {"model": "st", "input": given[first : first + 200]}
+            data = online.post("/v1/embeddings", json=body).json()["data"]
+            expected |= {f"doc-{first + d['index']}": d["embedding"] for d in data}
+    return expected
+
+
+def test_a_job_killed_three_times_answers_each_line_once_and_exactly(
+    repository: Callable[..., Path], tmp_path: Path
+) -> None:
+    models = repository("st")
+    flags = ("--jobs-dir", str(tmp_path / "jobs"))
+    given = texts(LINES, seed=77)
+    lines = [
+        json.dumps({"custom_id": f"doc-{i}", "method": "POST", "url": "/v1/embeddings",
+                    "body": {"model": "st", "input": text}})
+        for i, text in enumerate(given)
+    ]  # fmt: skip
+    chance = random.Random(20261126)
+    batch_id = ""
+    killed_at: list[tuple[str, int]] = []
+    for round_ in range(KILLS + 1):
+        with (
+            server_process(models, *flags) as (process, url, _log),
+            openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0) as sdk,
+        ):
+            if round_ == 0:
+                upload = ("in.jsonl", "\n".join(lines).encode())
+                file = sdk.files.create(file=upload, purpose="batch")
+                batch_id = sdk.batches.create(
+                    input_file_id=file.id, endpoint="/v1/embeddings", completion_window="24h"
+                ).id
+            if round_ < KILLS:
+                if round_ > 0:  # (the first kill: at once, while the file is read and ordered)
+                    start = batch_of(sdk, batch_id).request_counts.completed
+                    target = start + chance.randint(LINES // 10, LINES // 4)
+                    while batch_of(sdk, batch_id).request_counts.completed < target:
+                        time.sleep(0.005)
+                    time.sleep(chance.uniform(0, 1.0))  # (most likely between checkpoints)
+                state = batch_of(sdk, batch_id)
+                killed_at.append((state.status, state.request_counts.completed))
+                process.kill()
+                process.wait(30)
+                continue
+            while (state := batch_of(sdk, batch_id)).status not in ("completed", "failed"):
+                time.sleep(0.05)
+            assert state.output_file_id is not None, state
+            raw = sdk.files.content(state.output_file_id).text.splitlines()
+            expected = online_answers(url, given)
+    assert state.status == "completed", state
+    assert state.request_counts.completed == LINES
+    assert killed_at[0][0] in ("validating", "in_progress")
+    assert [status for status, _ in killed_at[1:]] == ["in_progress"] * (KILLS - 1)
+    counts = [completed for _, completed in killed_at]
+    assert counts == sorted(counts)
+    assert counts[-1] < LINES
+    answered = [json.loads(line) for line in raw]
+    assert len(answered) == LINES
+    by_id = {line["custom_id"]: line["response"]["body"] for line in answered}
+    assert by_id.keys() == expected.keys()  # (one line per custom_id, none lost)
+    for custom_id, body in by_id.items():
+        np.testing.assert_allclose(body["data"][0]["embedding"], expected[custom_id], atol=1e-5)
+        assert body["usage"]["prompt_tokens"] > 0

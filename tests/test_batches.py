@@ -1,0 +1,414 @@
+"""OpenAI's Files and Batch API through the `openai` SDK unchanged (in process; the kill test
+over a real process is in `test_batch_durable`): upload, create, poll, the output read back
+line by line against the same requests sent online, every refusal of a file as OpenAI
+refuses it, cancel, list, quotas per key, a stopped batch resumed exactly once, a job that
+cannot go on failed with its reason; and `bucketserve batch run` on texts and a parquet
+column. (That bulk work waits behind every level: `test_queues`.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from bucketserve.loading import load_engine
+from bucketserve.settings import Settings
+from tests.engines import serving
+from tests.exports import texts
+
+openai = pytest.importorskip("openai")
+
+pytestmark = pytest.mark.timeout(300)
+
+FINAL = ("completed", "failed", "cancelled", "expired")
+KEYS = {"alice": "sk-alice-0123456789", "bob": "sk-bob-0123456789"}
+
+
+@pytest.fixture
+def models(repository: Callable[..., Path]) -> Path:
+    return repository("st")
+
+
+def settings_of(models: Path, jobs: Path, **more: Any) -> Settings:
+    return Settings(models=models, jobs_dir=jobs, result_cache_mb=0, **more)
+
+
+@pytest.fixture
+async def served(models: Path, tmp_path: Path) -> AsyncIterator[tuple[Any, httpx.AsyncClient]]:
+    async with serving(load_engine(settings_of(models, tmp_path / "jobs"))) as client:
+        yield sdk_of(client), client
+
+
+def sdk_of(client: httpx.AsyncClient, key: str = "unused") -> Any:
+    return openai.AsyncOpenAI(
+        base_url="http://test/v1", api_key=key, http_client=client, max_retries=0
+    )
+
+
+def request_line(custom_id: str, body: dict[str, Any], url: str = "/v1/embeddings") -> str:
+    return json.dumps({"custom_id": custom_id, "method": "POST", "url": url, "body": body})
+
+
+async def ran(sdk: Any, lines: list[str], endpoint: str = "/v1/embeddings") -> Any:
+    """The batch of `lines`, uploaded, created and polled to its end."""
+    given = await sdk.files.create(file=("in.jsonl", "\n".join(lines).encode()), purpose="batch")
+    batch = await sdk.batches.create(
+        input_file_id=given.id, endpoint=endpoint, completion_window="24h"
+    )
+    return await ended(sdk, batch.id)
+
+
+async def ended(sdk: Any, batch_id: str) -> Any:
+    for _ in range(6000):
+        batch = await sdk.batches.retrieve(batch_id)
+        if batch.status in FINAL:
+            return batch
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"batch {batch_id} never ended")
+
+
+async def lines_of(sdk: Any, file_id: str | None) -> dict[str, dict[str, Any]]:
+    """A result file's lines by custom_id (each exactly once)."""
+    if file_id is None:
+        return {}
+    raw = (await sdk.files.content(file_id)).text.splitlines()
+    found = [json.loads(line) for line in raw]
+    by_id = {line["custom_id"]: line for line in found}
+    assert len(by_id) == len(found), "a custom_id answered twice"
+    return by_id
+
+
+def vector(item: dict[str, Any]) -> np.ndarray:
+    embedding = item["embedding"]
+    if isinstance(embedding, str):
+        return np.frombuffer(base64.b64decode(embedding), "<f4")
+    return np.asarray(embedding, np.float32)
+
+
+def assert_same_answer(got: dict[str, Any], online: dict[str, Any]) -> None:
+    """A batch line's body against the same request's online answer: the same fields, the
+    vectors within float noise (their batches were composed otherwise)."""
+    assert got.keys() == online.keys()
+    for key, value in online.items():
+        if key == "data":
+            for a, b in zip(got[key], value, strict=True):
+                assert {k: v for k, v in a.items() if k != "embedding"} == {
+                    k: v for k, v in b.items() if k != "embedding"
+                }
+                np.testing.assert_allclose(vector(a), vector(b), atol=1e-6)
+        else:
+            assert got[key] == value, key
+
+
+async def test_a_batch_through_the_sdk_answers_each_line_as_online(served: Any) -> None:
+    sdk, client = served
+    batch = texts(300, seed=21)
+    bodies = {f"t{i}": {"model": "st", "input": text} for i, text in enumerate(batch)}
+    bodies |= {f"list{i}": {"model": "st", "input": batch[i : i + 5]} for i in range(0, 60, 5)}
+    bodies["ids"] = {"model": "st", "input": "a", "encoding_format": "base64"}
+    done = await ran(sdk, [request_line(k, v) for k, v in bodies.items()])
+    assert done.status == "completed", done
+    assert (done.request_counts.total, done.request_counts.completed) == (len(bodies), len(bodies))
+    assert done.request_counts.failed == 0
+    assert done.error_file_id is None
+    assert None not in (done.in_progress_at, done.finalizing_at, done.completed_at)
+    answers = await lines_of(sdk, done.output_file_id)
+    assert answers.keys() == bodies.keys()
+    for custom_id, body in bodies.items():
+        line = answers[custom_id]
+        assert line["id"].startswith("batch_req_")
+        assert line["error"] is None
+        assert line["response"]["status_code"] == 200
+        online = (await client.post("/v1/embeddings", json=body)).json()
+        assert_same_answer(line["response"]["body"], online)
+    listed = [f.id for f in (await sdk.files.list()).data]
+    assert {done.output_file_id, done.input_file_id} <= set(listed)
+    output = await sdk.files.retrieve(done.output_file_id)
+    assert (output.purpose, output.filename) == ("batch_output", f"{done.id}_output.jsonl")
+    assert [b.id for b in (await sdk.batches.list()).data] == [done.id]
+    metrics = (await client.get("/metrics")).text
+    assert 'bucketserve_jobs{status="completed"} 1.0' in metrics
+    assert f'bucketserve_job_lines_total{{outcome="completed"}} {len(bodies)}.0' in metrics
+    assert 'bucketserve_requests_total{route="/v1/embeddings",status="200"}' in metrics
+    assert f'route="/v1/embeddings",status="200"}} {len(bodies)}.0' in metrics  # (online only)
+
+
+async def test_a_task_route_batch_answers_as_its_route(served: Any) -> None:
+    """TEI's /embed, with its own body, line by line as online."""
+    sdk, client = served
+    bodies = {f"e{i}": {"inputs": text} for i, text in enumerate(texts(40, seed=5))}
+    done = await ran(sdk, [request_line(k, v, "/embed") for k, v in bodies.items()], "/embed")
+    assert done.status == "completed"
+    answers = await lines_of(sdk, done.output_file_id)
+    for custom_id, body in bodies.items():
+        online = (await client.post("/embed", json=body)).json()
+        got = answers[custom_id]["response"]["body"]
+        np.testing.assert_allclose(got, online, atol=1e-6)
+
+
+async def test_a_line_its_route_refuses_is_in_the_error_file(served: Any) -> None:
+    sdk, client = served
+    bad = {"model": "st", "input": ""}
+    lines = [request_line("good", {"model": "st", "input": "fine"}), request_line("bad", bad)]
+    done = await ran(sdk, lines)
+    assert done.status == "completed"
+    assert (done.request_counts.completed, done.request_counts.failed) == (1, 1)
+    errors = await lines_of(sdk, done.error_file_id)
+    online = await client.post("/v1/embeddings", json=bad)
+    assert errors["bad"]["response"]["status_code"] == online.status_code == 422
+    assert errors["bad"]["response"]["body"] == online.json()
+    assert (await lines_of(sdk, done.output_file_id)).keys() == {"good"}
+
+
+async def test_a_file_openai_refuses_fails_the_batch_naming_each_line(served: Any) -> None:
+    sdk, _ = served
+    good = {"model": "st", "input": "fine"}
+    lines = [
+        request_line("1", good),
+        "{not json",
+        json.dumps({"method": "POST", "url": "/v1/embeddings", "body": good}),
+        request_line("4", good),
+        request_line("4", good),
+        request_line("6", good, "/v1/chat/completions"),
+        request_line("7", {"model": "gpt-9", "input": "x"}),
+        json.dumps({"custom_id": "8", "method": "GET", "url": "/v1/embeddings", "body": good}),
+        json.dumps({"custom_id": "9", "method": "POST", "url": "/v1/embeddings", "body": "x"}),
+    ]
+    done = await ran(sdk, lines)
+    assert done.status == "failed"
+    assert done.failed_at is not None
+    assert (done.output_file_id, done.error_file_id) == (None, None)
+    found = [(e.code, e.line, e.param) for e in done.errors.data]
+    assert found == [
+        ("invalid_json_line", 2, None),
+        ("missing_required_parameter", 3, "custom_id"),
+        ("duplicate_custom_id", 5, "custom_id"),
+        ("url_mismatch", 6, "url"),
+        ("model_not_found", 7, "body.model"),
+        ("invalid_method", 8, "method"),
+        ("missing_required_parameter", 9, "body"),
+    ]
+    assert "'4'" in done.errors.data[2].message
+    two = await ran(sdk, [request_line("a", good), request_line("b", {"input": "no model"})])
+    assert [e.code for e in two.errors.data] == ["model_mismatch"]
+
+
+async def test_creating_or_reading_is_refused_in_openais_form(served: Any) -> None:
+    sdk, _ = served
+    with pytest.raises(openai.NotFoundError, match="No such File object"):
+        await sdk.batches.create(
+            input_file_id="file-nope", endpoint="/v1/embeddings", completion_window="24h"
+        )
+    given = await sdk.files.create(file=("in.jsonl", b"{}\n"), purpose="batch")
+    with pytest.raises(openai.UnprocessableEntityError) as refused:
+        await sdk.batches.create(
+            input_file_id=given.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+    assert refused.value.body["param"] == "endpoint"
+    with pytest.raises(openai.BadRequestError, match="completion_window"):
+        await sdk.batches.create(
+            input_file_id=given.id, endpoint="/v1/embeddings", completion_window="1h"
+        )
+    with pytest.raises(openai.UnprocessableEntityError, match="purpose"):
+        await sdk.files.create(file=("in.jsonl", b"{}\n"), purpose="fine-tune")
+    with pytest.raises(openai.NotFoundError):
+        await sdk.batches.retrieve("batch_nope")
+    deleted = await sdk.files.delete(given.id)
+    assert (deleted.id, deleted.deleted) == (given.id, True)
+    with pytest.raises(openai.NotFoundError):
+        await sdk.files.retrieve(given.id)
+
+
+async def test_cancel_stops_sending_and_keeps_what_was_answered(served: Any) -> None:
+    sdk, _ = served
+    batch = texts(3000, seed=8)
+    lines = [request_line(f"c{i}", {"model": "st", "input": t}) for i, t in enumerate(batch)]
+    given = await sdk.files.create(file=("in.jsonl", "\n".join(lines).encode()), purpose="batch")
+    batch = await sdk.batches.create(
+        input_file_id=given.id, endpoint="/v1/embeddings", completion_window="24h"
+    )
+    while (await sdk.batches.retrieve(batch.id)).status == "validating":
+        await asyncio.sleep(0.01)
+    cancelling = await sdk.batches.cancel(batch.id)
+    assert cancelling.status == "cancelling"
+    assert cancelling.cancelling_at is not None
+    done = await ended(sdk, batch.id)
+    assert done.status == "cancelled"
+    assert done.cancelled_at is not None
+    answered = await lines_of(sdk, done.output_file_id)
+    assert len(answered) == done.request_counts.completed < 3000
+    assert (await sdk.batches.cancel(batch.id)).status == "cancelled"  # (ended: as it is)
+
+
+async def test_each_key_sees_its_own_files_and_keeps_its_quota(
+    models: Path, tmp_path: Path
+) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text("".join(f"{name} {key}\n" for name, key in KEYS.items()))
+    settings = settings_of(models, tmp_path / "jobs", api_key_file=keys, max_files=2, max_jobs=1)
+    async with serving(load_engine(settings)) as client:
+        alice, bob = sdk_of(client, KEYS["alice"]), sdk_of(client, KEYS["bob"])
+        lines = "\n".join(request_line(str(i), {"input": t}) for i, t in enumerate(texts(3000, 3)))
+        mine = await alice.files.create(file=("in.jsonl", lines.encode()), purpose="batch")
+        with pytest.raises(openai.NotFoundError):
+            await bob.files.retrieve(mine.id)
+        assert [f.id for f in (await bob.files.list()).data] == []
+        first = await alice.batches.create(
+            input_file_id=mine.id, endpoint="/v1/embeddings", completion_window="24h"
+        )
+        with pytest.raises(openai.RateLimitError, match="unfinished batches"):
+            await alice.batches.create(
+                input_file_id=mine.id, endpoint="/v1/embeddings", completion_window="24h"
+            )
+        with pytest.raises(openai.NotFoundError):
+            await bob.batches.retrieve(first.id)
+        await alice.files.create(file=("b.jsonl", lines.encode()), purpose="batch")
+        with pytest.raises(openai.RateLimitError, match="keeps 2 files"):
+            await alice.files.create(file=("c.jsonl", lines.encode()), purpose="batch")
+        done = await ended(alice, first.id)
+        assert (done.status, done.request_counts.completed) == ("completed", 3000)
+        anonymous = await client.get("/v1/batches")
+        assert anonymous.status_code == 401
+
+
+async def test_a_stopped_batch_goes_on_from_its_checkpoint_exactly_once(
+    models: Path, tmp_path: Path
+) -> None:
+    """The server stops (the drain) mid-batch; started again on the same jobs directory, the
+    batch goes on where its last checkpoint stands: every line answered once, as online."""
+    bodies = {f"s{i}": {"model": "st", "input": t} for i, t in enumerate(texts(4000, seed=9))}
+    lines = [request_line(k, v) for k, v in bodies.items()]
+    jobs = tmp_path / "jobs"
+    async with serving(load_engine(settings_of(models, jobs))) as client:
+        sdk = sdk_of(client)
+        given = await sdk.files.create(
+            file=("in.jsonl", "\n".join(lines).encode()), purpose="batch"
+        )
+        batch = await sdk.batches.create(
+            input_file_id=given.id, endpoint="/v1/embeddings", completion_window="24h"
+        )
+        while (await sdk.batches.retrieve(batch.id)).request_counts.completed < 500:
+            await asyncio.sleep(0.01)
+    async with serving(load_engine(settings_of(models, jobs))) as client:
+        sdk = sdk_of(client)
+        stopped = await sdk.batches.retrieve(batch.id)
+        assert stopped.status == "in_progress"
+        assert 500 <= stopped.request_counts.completed < 4000
+        done = await ended(sdk, batch.id)
+        assert (done.status, done.request_counts.completed) == ("completed", 4000)
+        answers = await lines_of(sdk, done.output_file_id)
+        assert answers.keys() == bodies.keys()
+        for custom_id in list(bodies)[::97]:
+            online = (await client.post("/v1/embeddings", json=bodies[custom_id])).json()
+            assert_same_answer(answers[custom_id]["response"]["body"], online)
+
+
+def test_batch_run_embeds_texts_and_a_parquet_column(
+    models: Path, tmp_path: Path, repository: Callable[..., Path]
+) -> None:
+    """`bucketserve batch run` as a user runs it: a file of texts, a parquet column; every
+    line answered once, equal to the same text embedded by the server."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    given = texts(500, seed=17)
+    plain = tmp_path / "texts.txt"
+    plain.write_text("\n".join(given[:250]) + "\n\n" + "\n".join(given[250:]))
+    table = tmp_path / "texts.parquet"
+    pq.write_table(pa.table({"body": given}), table)
+    outputs = {}
+    for source, extra in ((plain, []), (table, ["--column", "body"])):
+        out = tmp_path / f"{source.suffix[1:]}.jsonl"
+        command = [sys.executable, "-m", "bucketserve", "batch", "run", str(source), "--out",
+                   str(out), "--models", str(models), "--model", "st", *extra]  # fmt: skip
+        finished = subprocess.run(command, capture_output=True, text=True, timeout=240)
+        assert finished.returncode == 0, finished.stderr[-2000:]
+        assert "500 answered" in finished.stderr
+        assert not out.with_name(out.name + ".partial").exists()
+        outputs[source.suffix] = {
+            line["custom_id"]: line for line in map(json.loads, out.read_text().splitlines())
+        }
+    assert len(outputs[".txt"]) == len(outputs[".parquet"]) == 500
+    assert {"250", "252", "501"} <= outputs[".txt"].keys()  # (its line numbers)
+    assert "251" not in outputs[".txt"]
+    engine = load_engine(Settings(models=models))
+    model = engine.model("st")
+    for n, text in list(enumerate(given, 1))[::50]:
+        row = outputs[".parquet"][str(n)]["response"]["body"]["data"][0]["embedding"]
+        alone = model.predict(model.encode([text]))[0]["last_hidden_state"]
+        want = alone.mean(axis=0) / np.linalg.norm(alone.mean(axis=0))
+        np.testing.assert_allclose(row, want, atol=1e-5)
+
+
+async def test_a_job_that_cannot_go_on_fails_and_the_server_keeps_serving(
+    models: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its output unwritable (a full disk, at a checkpoint's sync), its model unloaded: each
+    job fails saying why, what it answered is kept, and requests are still answered."""
+    from bucketserve.jobs import runner
+    from bucketserve.process.wiring import wire
+
+    batch = texts(12_000, seed=4)
+    lines = [request_line(str(i), {"model": "st", "input": t}) for i, t in enumerate(batch)]
+    data = "\n".join(lines).encode()
+    wired = wire(settings_of(models, tmp_path / "jobs", model_control="explicit"))
+    async with serving(wired.engine, wired.control) as client:
+        sdk = sdk_of(client)
+        given = await sdk.files.create(file=("in.jsonl", data), purpose="batch")
+
+        def full(_: int) -> None:
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(runner.os, "fsync", full)
+        with pytest.raises(openai.InternalServerError, match="could not be kept") as refused:
+            await sdk.files.create(file=("more.jsonl", data), purpose="batch")
+        assert refused.value.status_code == 507
+        created = await sdk.batches.create(
+            input_file_id=given.id, endpoint="/v1/embeddings", completion_window="24h"
+        )
+        done = await ended(sdk, created.id)
+        assert done.status == "failed"
+        assert [(e.code, e.message) for e in done.errors.data] == [
+            ("output_unwritable", "writing the output: No space left on device")
+        ]
+        monkeypatch.undo()
+        answer = await client.post("/v1/embeddings", json={"model": "st", "input": "still"})
+        assert answer.status_code == 200
+        created = await sdk.batches.create(
+            input_file_id=given.id, endpoint="/v1/embeddings", completion_window="24h"
+        )
+        while (await sdk.batches.retrieve(created.id)).request_counts.completed < 1:
+            await asyncio.sleep(0.01)
+        assert (await client.post("/v2/repository/models/st/unload")).status_code == 200
+        gone = await ended(sdk, created.id)
+        assert gone.status == "failed"
+        assert [e.code for e in gone.errors.data] == ["model_unavailable"]
+        kept = await lines_of(sdk, gone.output_file_id)
+        assert 0 < len(kept) == gone.request_counts.completed < 12_000
+
+
+async def test_lines_not_run_within_the_window_are_expired_in_the_error_file(
+    served: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from bucketserve.jobs import jobs
+
+    sdk, _ = served
+    monkeypatch.setitem(jobs.WINDOW_S, "24h", 0)  # (a window that has passed once it starts)
+    done = await ran(sdk, [request_line(f"x{i}", {"input": t}) for i, t in enumerate(texts(20))])
+    assert done.status == "expired"
+    assert done.expired_at is not None
+    assert (done.request_counts.completed, done.request_counts.failed) == (0, 20)
+    expired = await lines_of(sdk, done.error_file_id)
+    assert len(expired) == 20
+    assert {line["error"]["code"] for line in expired.values()} == {"batch_expired"}
+    assert {line["response"] for line in expired.values()} == {None}
