@@ -412,3 +412,49 @@ async def test_lines_not_run_within_the_window_are_expired_in_the_error_file(
     assert len(expired) == 20
     assert {line["error"]["code"] for line in expired.values()} == {"batch_expired"}
     assert {line["response"] for line in expired.values()} == {None}
+
+
+def test_a_files_lines_are_ordered_by_their_longest_text_in_tokens(models: Path) -> None:
+    """The order a batch runs in: each line's longest text, in its model's tokens (ids
+    counted as they are), shortest first, the file's order among equals."""
+    from bucketserve.jobs.lines import Line, lengths, order
+
+    model = load_engine(Settings(models=models)).model("st")
+    assert model.tokenizer is not None
+    bodies = [
+        {"input": ["a b c d e f g h", "a"]},
+        {"input": "a"},
+        {"inputs": "a b c"},
+        {"input": [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20]},
+        {"query": "a", "documents": [{"text": "a b c d"}, "a b"]},
+        {"model": "st"},
+    ]
+    found = lengths([Line(n, str(n), json.dumps(b).encode()) for n, b in enumerate(bodies)], model)
+    tokens = [len(model.tokenizer.encode(t).ids) for t in ("a b c d e f g h", "a", "a b c")]
+    four = len(model.tokenizer.encode("a b c d").ids)
+    assert found.tolist() == [tokens[0], tokens[1], tokens[2], 16, four, 0]
+    assert order(found).tolist() == sorted(range(6), key=lambda i: (found[i], i))
+
+
+def test_every_endpoint_a_batch_may_run_is_a_route_that_takes_a_post(models: Path) -> None:
+    from bucketserve.edges.http.app import create_app
+    from bucketserve.jobs.lines import ENDPOINTS
+
+    paths = create_app(load_engine(Settings(models=models))).openapi()["paths"]
+    assert [e for e in ENDPOINTS if "post" not in paths.get(e, {})] == []
+
+
+async def test_a_runner_that_breaks_fails_its_batch_not_leaves_it_running(
+    served: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from bucketserve.jobs.runner import Runner
+
+    async def broken(self: Runner) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(Runner, "_answer", broken)
+    sdk, client = served
+    done = await ran(sdk, [request_line("1", {"input": "x"})])
+    assert done.status == "failed"
+    assert [e.code for e in done.errors.data] == ["internal_error"]
+    assert (await client.post("/v1/embeddings", json={"input": "x"})).status_code == 200

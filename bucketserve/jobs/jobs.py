@@ -6,6 +6,7 @@ tenant of the API key that made them), within the quotas; each unfinished batch 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from pathlib import Path
 from typing import Any
@@ -75,9 +76,23 @@ class Jobs:
         task.add_done_callback(lambda _: self._ended(batch_id))
 
     def _ended(self, batch_id: str) -> None:
+        """A runner ended; one that broke (a bug) fails its batch, rather than leave it in
+        progress with nothing running it."""
         _, task = self._runners.pop(batch_id)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("batch %s: its runner failed", batch_id, exc_info=task.exception())
+        broke = None if task.cancelled() else task.exception()
+        if broke is None:
+            return
+        log.error("batch %s: its runner failed", batch_id, exc_info=broke)
+        with contextlib.suppress(Exception):  # (the store itself may be what broke)
+            old = self.store.batch(batch_id)
+            error = {
+                "code": "internal_error",
+                "message": "the server failed running it",
+                "line": None,
+            }
+            self.store.update(batch_id, status="failed", failed_at=now(),
+                              errors={"object": "list", "data": [error]})  # fmt: skip
+            self.metrics.job_moved(old.status if old else None, "failed")
 
     async def finished(self, batch_id: str) -> None:
         """Until the batch's runner ends (the command's wait)."""

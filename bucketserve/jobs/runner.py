@@ -34,6 +34,7 @@ from bucketserve.metrics import JOB_TENANT, Metrics
 log = logging.getLogger(__name__)
 
 CHECKPOINT_S = 1.0  # answers are made durable at least this often
+WRITE_BUFFER = 1 << 20  # (answers are a few KiB each: one write to the system per hundreds)
 IN_FLIGHT = 64  # lines sent at once: two of a long bucket's batches, in order of length
 RETRY_S = (0.05, 2.0)  # a line the server had no room for: first wait, longest wait
 RETRIED = (503, 504)
@@ -42,8 +43,8 @@ FINAL = ("completed", "failed", "expired", "cancelled")
 
 class Dispatch(Protocol):
     def __call__(
-        self, path: str, body: bytes, tenant: str
-    ) -> Awaitable[tuple[int, str, bytes]]: ...  # status, request id, body
+        self, path: str, body: bytes, tenant: str, request_id: str
+    ) -> Awaitable[tuple[int, bytes]]: ...  # status, body
 
 
 class JobFailed(Exception):
@@ -150,7 +151,7 @@ class Runner:
             try:
                 await self._send(record, requests, order, lengths, writer)
             finally:
-                await asyncio.to_thread(writer.checkpoint, self.store, self.batch_id)
+                await writer.checkpoint(self.store, self.batch_id)
         if self._cancel.is_set():
             if self.record.status != "cancelling":
                 self._status("cancelling")
@@ -196,7 +197,7 @@ class Runner:
             sent.add(task)
             task.add_done_callback(sent.discard)
             if time.monotonic() - last >= CHECKPOINT_S:
-                await asyncio.to_thread(writer.checkpoint, self.store, self.batch_id)
+                await writer.checkpoint(self.store, self.batch_id)
                 last = time.monotonic()
         await asyncio.gather(*sent)
         if failed:
@@ -213,8 +214,9 @@ class Runner:
     ) -> Answered | None:
         """The line's answer (None: stopped before the server had room for it)."""
         wait = RETRY_S[0]
+        request_id = line_id(self.batch_id, custom_id)  # (the line's, in the log too)
         while True:
-            status, request_id, answer = await self.dispatch(endpoint, body, tenant)
+            status, answer = await self.dispatch(endpoint, body, tenant, request_id)
             if status not in RETRIED:
                 break
             if self._cancel.is_set() or self._stop.is_set():
@@ -222,13 +224,14 @@ class Runner:
             await asyncio.sleep(wait)
             wait = min(wait * 2, RETRY_S[1])
         if status == 404 and not self._model_served():
+            name = self.record.object.get("model")
             raise JobFailed(
                 "model_unavailable",
-                f"the model {self.record.object.get('model')!r} is no longer served; create "
-                "the batch again once it is",
+                f"{'the default model' if name is None else repr(name)} is no longer served; "
+                "create the batch again once it is",
             )
-        return Answered(200 <= status < 300, output_line(self.batch_id, custom_id, status,
-                                                          request_id, answer), 0)  # fmt: skip
+        line = output_line(custom_id, status, request_id, answer)
+        return Answered(200 <= status < 300, line, 0)
 
     def _model_served(self) -> bool:
         return lines.served(self.engine, self.record.object.get("model"))
@@ -244,7 +247,7 @@ class Runner:
                 custom_id = requests[int(order[position])][0]
                 line = error_line(self.batch_id, custom_id, error)
                 writer.answered(position, Answered(False, line, 0))
-            writer.checkpoint(self.store, self.batch_id)
+            writer.durable(writer.snapshot(), self.store, self.batch_id)
         self._finish("expired")
 
     # -- the end --------------------------------------------------------------------------
@@ -311,16 +314,30 @@ class Writer:
             self._tokens += done.tokens
             self._next += 1
 
-    def checkpoint(self, store: Store, batch_id: str) -> None:
+    def snapshot(self) -> Progress:
+        """What is answered so far, its bytes handed to the system. On the loop, where lines
+        are appended: no line is half in it."""
         try:
             for file in self._files.values():
                 file.flush()
+        except OSError as exc:
+            raise JobFailed("output_unwritable", f"writing the output: {exc.strerror}") from None
+        return Progress(self._next, self._written[True], self._written[False],
+                        self._counts[True], self._counts[False], self._tokens)  # fmt: skip
+
+    def durable(self, progress: Progress, store: Store, batch_id: str) -> None:
+        """`progress` made durable: the files synced (lines appended meanwhile, past it, are
+        cut at a restart), then the state committed. In a thread: the loop goes on."""
+        try:
+            for file in self._files.values():
                 os.fsync(file.fileno())
         except OSError as exc:
             raise JobFailed("output_unwritable", f"writing the output: {exc.strerror}") from None
-        self.progress = Progress(self._next, self._written[True], self._written[False],
-                                 self._counts[True], self._counts[False], self._tokens)  # fmt: skip
-        store.checkpoint(batch_id, self.progress)
+        store.checkpoint(batch_id, progress)
+        self.progress = progress
+
+    async def checkpoint(self, store: Store, batch_id: str) -> None:
+        await asyncio.to_thread(self.durable, self.snapshot(), store, batch_id)
 
     def __enter__(self) -> Writer:
         return self
@@ -333,7 +350,10 @@ class Writer:
 
 def _opened(path: Path, size: int) -> Any:
     """`path` for appending after its first `size` bytes (what a checkpoint counted)."""
-    file = path.open("ab")
+    file = path.open("ab", buffering=WRITE_BUFFER)
+    if file.seek(0, os.SEEK_END) < size:  # (a checkpoint is committed after its bytes)
+        file.close()
+        raise JobFailed("output_lost", f"{path.name} is shorter than its last checkpoint")
     file.truncate(size)
     return file
 
@@ -357,9 +377,10 @@ def line_id(batch_id: str, custom_id: str) -> str:
     return f"batch_req_{digest}"
 
 
-def output_line(batch_id: str, custom_id: str, status: int, request_id: str, body: bytes) -> bytes:
-    """A line of the output (or error) file: the route's answer as it sent it."""
-    head = {"id": line_id(batch_id, custom_id), "custom_id": custom_id}
+def output_line(custom_id: str, status: int, request_id: str, body: bytes) -> bytes:
+    """A line of the output (or error) file: the route's answer as it sent it (its id, the
+    request's)."""
+    head = {"id": request_id, "custom_id": custom_id}
     response = b'{"status_code":%d,"request_id":%s,"body":%s}' % (
         status, orjson.dumps(request_id), body or b"null"
     )  # fmt: skip

@@ -12,9 +12,10 @@ engine, model control, the API keys and the rule for failures (`edges.failures`)
 
 from __future__ import annotations
 
-from fastapi import FastAPI, Request, Response
+from fastapi import APIRouter, FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import PlainTextResponse
+from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException
 
 from bucketserve.about import NAME, VERSION
@@ -42,7 +43,7 @@ from bucketserve.edges.http.common import (
 from bucketserve.edges.http.context import RequestContext
 from bucketserve.edges.http.dialects import error_body
 from bucketserve.edges.http.guard import RequireKey
-from bucketserve.edges.http.inprocess import InProcess
+from bucketserve.edges.http.inprocess import Endpoint, InProcess
 from bucketserve.edges.limits import Limits
 from bucketserve.errors import BucketserveError, InvalidInput
 from bucketserve.jobs.jobs import Jobs
@@ -56,6 +57,17 @@ class RoutingError(BucketserveError):
         super().__init__(message)
         self.status = status
         self.code = code
+
+
+def post_endpoints(routers: list[APIRouter]) -> dict[str, Endpoint]:
+    """Each POST path's route function, as the application picks it (the first router to
+    declare a path has it)."""
+    found: dict[str, Endpoint] = {}
+    for router in routers:
+        for route in router.routes:
+            if isinstance(route, APIRoute) and "POST" in (route.methods or ()):
+                found.setdefault(route.path, route.endpoint)
+    return found
 
 
 def create_app(
@@ -87,16 +99,18 @@ def create_app(
     app.state.keys = keys
     app.state.limits = limits
     app.state.jobs = jobs
-    if jobs is not None:
-        jobs.attach(InProcess(app))
-    app.include_router(kserve_routes.router)
-    app.include_router(openai_api.router)
-    app.include_router(pooling_api.router)
-    app.include_router(tasks.router)
-    app.include_router(tei_api.router)
-    app.include_router(cohere_api.router)
-    app.include_router(shapes.router)
-    app.include_router(batch_api.router)
+    routers = [
+        kserve_routes.router,
+        openai_api.router,
+        pooling_api.router,
+        tasks.router,
+        tei_api.router,
+        cohere_api.router,
+        shapes.router,
+        batch_api.router,
+    ]
+    for router in routers:
+        app.include_router(router)
     registry = engine.registry
     versions = [str(model.info.version) for model in registry.models.values()]
     names = [*registry.models, *registry.failed, *registry.aliases]
@@ -114,6 +128,8 @@ def create_app(
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     failures = Failures(metrics)  # (what is answered, counted and logged: one rule)
+    if jobs is not None:  # (a job's lines go to the routes' own functions, as a path picks)
+        jobs.attach(InProcess(app, post_endpoints(routers), failures.settle))
 
     def settled(request: Request, raised: BaseException) -> Response:
         where = f"{request.method} {request.url.path}"

@@ -71,8 +71,7 @@ class RequestContext:
             finally:
                 route = scope.get("route")
                 path = getattr(route, "path", "unmatched")
-                if BULK not in scope.get("extensions", {}):  # (a job's lines: its own metrics)
-                    self.metrics.request_done(path, status, time.perf_counter() - start)
+                self.metrics.request_done(path, status, time.perf_counter() - start)
                 span.rename(f"{method} {path}")  # (the route's template: few names)
                 span.set("http.response.status_code", status)
                 span.set("bucketserve.request_id", request_id)

@@ -9,7 +9,6 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from bucketserve.edges.auth import ApiKeys
 from bucketserve.edges.failures import Failures
 from bucketserve.edges.http.common import json_response
-from bucketserve.edges.http.context import BULK
 from bucketserve.edges.http.dialects import error_body
 from bucketserve.errors import Unauthorized
 
@@ -21,9 +20,7 @@ class RequireKey:
         self.failures = failures
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        # (a bulk job's line: its job was created with a valid key)
-        bulk = BULK in scope.get("extensions", {})
-        if scope["type"] != "http" or bulk or self.keys.open_path(scope["path"]):
+        if scope["type"] != "http" or self.keys.open_path(scope["path"]):
             await self.app(scope, receive, send)
             return
         given = [v.decode("latin-1") for k, v in scope["headers"] if k == b"authorization"]
