@@ -108,6 +108,25 @@ class Metrics:
         self.queue_depth_gauge = Gauge(
             "bucketserve_queue_depth", "sequences waiting", ["model"], registry=r
         )
+        self.requests_waiting = Gauge(
+            "bucketserve_requests_waiting",
+            "requests admitted and waiting: none of their sequences taken into a batch yet "
+            "(routers' queued requests)",
+            ["model"],
+            registry=r,
+        )
+        self.requests_running = Gauge(
+            "bucketserve_requests_running",
+            "requests admitted with a sequence taken into a batch, not answered yet",
+            ["model"],
+            registry=r,
+        )
+        self.tokens_waiting = Gauge(
+            "bucketserve_tokens_waiting",
+            "the steps of the sequences waiting (what a queue holds in work)",
+            ["model"],
+            registry=r,
+        )
         self.rejected = Counter(
             "bucketserve_rejected", "requests refused before queueing", ["reason"], registry=r
         )
@@ -291,6 +310,18 @@ class Metrics:
     def watch_bound_keys(self, model: str, count: Callable[[], int]) -> None:
         """Read at every scrape, so keys bound later (lazily) are counted too."""
         self.bound_keys.labels(model).set_function(count)
+
+    def watch_queue(
+        self,
+        model: str,
+        waiting: Callable[[], int],
+        running: Callable[[], int],
+        tokens: Callable[[], int],
+    ) -> None:
+        """Read at every scrape: the model's requests waiting and running, tokens waiting."""
+        self.requests_waiting.labels(model).set_function(waiting)
+        self.requests_running.labels(model).set_function(running)
+        self.tokens_waiting.labels(model).set_function(tokens)
 
     def reject(self, reason: str, level: int = 0, tenant: str = "") -> None:
         self.rejected.labels(reason).inc()

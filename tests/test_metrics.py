@@ -38,3 +38,20 @@ async def test_an_exact_length_model_adds_no_series_per_length(tmp_models: Path)
     assert {dict(labels)["bucket"] for found in series.values() for labels in found} == edges
     for name, found in series.items():
         assert len(found) <= len(edges), name  # one series per edge, not per length
+
+
+async def test_the_router_gauges_are_served_per_model_and_settle_at_zero(tmp_models: Path) -> None:
+    """What routers and autoscalers read (the Gateway API Inference Extension's queued and
+    running requests): a gauge a model, back at 0 once everything is answered."""
+    engine = make_engine(tmp_models, "tiny-encoder")
+    async with serving(engine) as client:
+        body = {"sequences": [[5, 6, 7], [8] * 40]}
+        assert (await client.post("/predict", json=body)).status_code == 200
+        text = (await client.get("/metrics")).text
+    values = {
+        (sample.name, sample.labels.get("model")): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+    for name in ("requests_waiting", "requests_running", "tokens_waiting"):
+        assert values[(f"bucketserve_{name}", "tiny-encoder")] == 0.0

@@ -238,3 +238,28 @@ async def test_a_batch_that_runs_alone_on_every_core_holds_every_instance(wide: 
     # wide: both ran alone, one after the other, on the lone runner; else both on the first
     assert runner.first_ids == [[1], [2]]
     assert executor.most_at_once == (0 if wide else 2)
+
+
+async def test_requests_are_counted_waiting_then_running_as_routers_count_them() -> None:
+    """Waiting until a batch takes one of a request's sequences, running until it is
+    answered; the tokens waiting are the steps queued. One instance held at the gate: the
+    first batch (bucket 8, two requests' sequences) runs, the rest waits behind it."""
+    model, executor = model_and_executor()
+    executor.gate.clear()
+    sched, _ = scheduler(model, instances=1)
+    first = asyncio.create_task(sched.infer([np.full(3, 1), np.full(20, 2)], deadline=1e12))
+    second = asyncio.create_task(sched.infer([np.full(5, 3)], deadline=1e12))
+    third = asyncio.create_task(sched.infer([np.full(30, 4)], deadline=1e12))
+    await asyncio.sleep(0)
+    assert (sched.requests_waiting, sched.requests_running) == (3, 0)
+    assert sched.queued_tokens == 3 + 20 + 5 + 30
+    loop = asyncio.create_task(sched.run())
+    await asyncio.wait_for(started(executor, 1), 5)
+    # the bucket of 8 took the first's 3 steps and the second's 5: both running, one waits
+    assert (sched.requests_waiting, sched.requests_running) == (1, 2)
+    assert sched.queued_tokens == 20 + 30
+    executor.gate.set()
+    await asyncio.wait_for(asyncio.gather(first, second, third), 10)
+    await asyncio.wait_for(sched.settled(), 5)
+    loop.cancel()
+    assert (sched.requests_waiting, sched.requests_running, sched.queued_tokens) == (0, 0, 0)

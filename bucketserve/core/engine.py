@@ -150,11 +150,22 @@ class Engine:
         task = asyncio.create_task(scheduler.run(), name=f"scheduler-{model.name}")
         self._served[model] = Running(scheduler, task)
         metrics.watch_bound_keys(model.name, model.executor.bound_key_count)
+        metrics.watch_queue(
+            model.name,
+            functools.partial(self._summed, model.name, "requests_waiting"),
+            functools.partial(self._summed, model.name, "requests_running"),
+            functools.partial(self._summed, model.name, "queued_tokens"),
+        )
         if reuse is not None:
             metrics.watch_cache(model.name, info.version, lambda: reuse.kept_bytes)
         metrics.model_loaded(
             model.name, info.version, model.binding, info.plan.policy.value, info.invariance
         )
+
+    def _summed(self, name: str, count: str) -> int:
+        """A scheduler count of every version of the model `name` running (a version being
+        replaced still answers what it took)."""
+        return sum(getattr(s.scheduler, count) for m, s in self._served.items() if m.name == name)
 
     async def retire(self, model: Model) -> None:
         """Once no request that resolved to `model` is left (the registry no longer serves

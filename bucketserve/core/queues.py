@@ -50,6 +50,15 @@ Finish = Callable[[Outputs, np.ndarray], Outputs]
 
 
 @dataclass(eq=False)
+class Request:
+    """A request admitted, as routers count them: waiting until a batch takes one of its
+    sequences, then running until it is answered."""
+
+    queued: int  # its sequences not taken into a batch yet
+    started: bool = False
+
+
+@dataclass(eq=False)
 class Pending:
     """One sequence waiting in a bucket queue; its future gets that sequence's answer (its
     outputs, `finish`ed), as do the futures of identical sequences that joined it (`joined`:
@@ -67,6 +76,8 @@ class Pending:
     finish: Finish | None = None  # its answer from its outputs, in the worker (None: them)
     overtaken: int = 0  # times a batch of a better level was taken while it was ready
     joined: list[asyncio.Future[Outputs]] = field(default_factory=list)
+    requests: list[Request] = field(default_factory=list)  # whose sequence it is (and joined)
+    taken: bool = False  # a batch took it
 
     @property
     def futures(self) -> list[asyncio.Future[Outputs]]:
@@ -91,6 +102,7 @@ class BucketQueues:
     shares: Shares = field(default_factory=Shares)
     queues: dict[BucketKey, deque[Pending]] = field(default_factory=dict)
     _count: int = 0  # sequences waiting
+    tokens: int = 0  # their steps
     _levels: set[int] = field(default_factory=set)  # levels seen since the queues were empty
     _arrived: dict[int, float] = field(default_factory=dict)  # each level's latest arrival
 
@@ -100,6 +112,7 @@ class BucketQueues:
     def add(self, key: BucketKey, item: Pending) -> None:
         self.queues.setdefault(key, deque()).append(item)
         self.shares.arrive(item.tenant)
+        self.tokens += len(item.sequence)
         self._levels.add(item.level)
         self._arrived[item.level] = max(item.enqueued, self._arrived.get(item.level, item.enqueued))
         self._count += 1
@@ -114,6 +127,7 @@ class BucketQueues:
     def _left(self, items: list[Pending]) -> None:
         for item in items:
             self.shares.leave(item.tenant)
+            self.tokens -= len(item.sequence)
         self._count -= len(items)
         if not self._count:
             self._levels.clear()

@@ -42,7 +42,13 @@ import numpy as np
 from bucketserve.core.bucketing import BucketKey, BucketPlan
 from bucketserve.core.layout import Outputs
 from bucketserve.core.lifecycle import Lifecycle
-from bucketserve.core.queues import DEFAULT_MAX_OVERTAKES, BucketQueues, Finish, Pending
+from bucketserve.core.queues import (
+    DEFAULT_MAX_OVERTAKES,
+    BucketQueues,
+    Finish,
+    Pending,
+    Request,
+)
 from bucketserve.core.result_cache import Reuse
 from bucketserve.core.shares import Shares
 from bucketserve.errors import DeadlineExceeded, InferenceFailed, Unavailable
@@ -134,6 +140,8 @@ class Scheduler:
         self.reuse = reuse
         self.admitted = 0  # requests let in since start
         self.answered = 0  # of those, requests whose outputs were handed back
+        self.requests_waiting = 0  # admitted, none of their sequences taken into a batch yet
+        self.requests_running = 0  # admitted, one of their sequences taken, not answered
         self._observer = observer
         self._clock = clock
         self._lifecycle = lifecycle or Lifecycle()
@@ -153,6 +161,10 @@ class Scheduler:
     @property
     def depth(self) -> int:
         return len(self.queues)
+
+    @property
+    def queued_tokens(self) -> int:
+        return self.queues.tokens
 
     # -- admission --------------------------------------------------------------------------
 
@@ -193,15 +205,19 @@ class Scheduler:
         tenant: str = "",
         identities: Sequence[bytes] | None = None,
         finishes: Sequence[Finish] | None = None,
+        request: Request | None = None,
     ) -> list[asyncio.Future[Outputs]]:
         """Let a request's validated sequences in, each into its bucket (or joining an
         identical one in flight), or refuse the request whole. One future per sequence, in
         order. `identities`: their exact inputs and the answer asked, where identical ones may
-        share a run; `finishes`: each one's answer from its outputs, made in the worker."""
+        share a run; `finishes`: each one's answer from its outputs, made in the worker;
+        `request`: the request, counted waiting until a batch takes one of its sequences."""
         name = self.model.name
         self.refuse_now(len(sequences), level, tenant)
         now = self.refuse_past(deadline, level, tenant)
         self._observer.admitted(name, [len(s) for s in sequences])
+        if request is not None:
+            self.requests_waiting += 1
         loop = asyncio.get_running_loop()
         futures: list[asyncio.Future[Outputs]] = []
         joined = joined_tokens = 0
@@ -213,10 +229,15 @@ class Scheduler:
             if leader is not None:
                 self.queues.join(leader, future, deadline, level)
                 joined, joined_tokens = joined + 1, joined_tokens + len(seq)
+                if request is not None:
+                    leader.requests.append(request)
+                    if leader.taken:  # (it rides on a sequence already running)
+                        self._took(request)
                 continue
             pending = Pending(
                 seq, future, now, deadline, request_id, self._tracing.queued(), level, tenant
             )
+            pending.requests = [] if request is None else [request]
             pending.finish = None if finishes is None else finishes[i]
             if identity is not None and self.reuse is not None:
                 pending.identity = identity
@@ -300,7 +321,10 @@ class Scheduler:
         finishes: Sequence[Finish] | None,
     ) -> list[Outputs]:
         """Admit the sequences and wait for their answers, in order, until the deadline."""
-        futures = self.admit(sequences, deadline, request_id, level, tenant, identities, finishes)
+        request = Request(len(sequences))
+        futures = self.admit(
+            sequences, deadline, request_id, level, tenant, identities, finishes, request
+        )
         try:
             # asyncio.wait, not wait_for(gather(...)): cancelling a gather under wait_for leaves
             # a CancelledError on it that nobody retrieves, logged when a client goes away.
@@ -322,6 +346,10 @@ class Scheduler:
         finally:
             for future in futures:  # a failed or abandoned request leaves nothing to compute
                 future.cancel()
+            if request.started:
+                self.requests_running -= 1
+            else:
+                self.requests_waiting -= 1
             self._arrived.set()  # the loop purges what was left queued
 
     async def settled(self) -> None:
@@ -344,6 +372,10 @@ class Scheduler:
                 except BaseException:
                     self._free.release()
                     raise
+                for item in items:
+                    item.taken = True
+                    for request in item.requests:
+                        self._took(request)
                 lone = not self._running and not len(self.queues) and len(items) <= self._instances
                 every_core = lone and self.model.lone_takes_every_core
                 if every_core:  # the other instances, all free, wait for it: it has their cores
@@ -357,6 +389,14 @@ class Scheduler:
             for task in self._running:
                 task.cancel()
             self._worker.shutdown(wait=False, cancel_futures=True)
+
+    def _took(self, request: Request) -> None:
+        """A batch took one of `request`'s sequences: running, if it was waiting."""
+        request.queued -= 1
+        if not request.started:
+            request.started = True
+            self.requests_waiting -= 1
+            self.requests_running += 1
 
     def _finished(self, held: list[int], task: asyncio.Task[None]) -> None:
         """A batch is done: its instances are free again."""
