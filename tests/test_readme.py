@@ -31,8 +31,9 @@ RUN_ELSEWHERE = {
     "python -m loadtest.framing": "tests/test_connections.py",
     "python -m deploy.image.smoke": "tests/test_deploy.py",
     "mkdocs build": "tests/test_docs.py",
+    "bucketserve batch run": "tests/test_batches.py",
 }
-NEEDS_DOCKER_OR_CLUSTER = ("docker ", "kubectl ")
+NEEDS_DOCKER_OR_CLUSTER = ("docker ", "kubectl ", "helm ")
 SUITE = "python -m pytest"  # the suite's own tiers: running them is what the suite is doing
 # The README's commands assume its environment is activated; the suite may be run without
 # (`.venv/bin/python -m pytest`), so `bucketserve`, `python` and `locust` are looked up first

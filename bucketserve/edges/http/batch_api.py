@@ -20,6 +20,7 @@ from starlette.datastructures import UploadFile
 from bucketserve.edges.http.common import json_response, read_json, request_tenant
 from bucketserve.edges.http.dialects import Dialect, errors
 from bucketserve.edges.http.schemas import Strict, validate
+from bucketserve.edges.http.task_call import post
 from bucketserve.edges.limits import Budget
 from bucketserve.errors import (
     InsufficientStorage,
@@ -48,10 +49,27 @@ def jobs_of(request: Request) -> Jobs:
 # -- files --------------------------------------------------------------------------------
 
 
+UPLOAD = {
+    "type": "object",
+    "required": ["file", "purpose"],
+    "properties": {
+        "file": {"type": "string", "format": "binary", "description": "JSONL request lines"},
+        "purpose": {"type": "string", "enum": ["batch"]},
+    },
+}
+READ = errors(Dialect.HOSTED, 404, 422, 503)  # (503: bulk jobs off, or their folder held)
+BINARY = {
+    "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}
+}
+
+
 @router.post(
     "/v1/files",
     summary="Upload a file (a batch's input: JSONL, purpose batch)",
-    responses=errors(Dialect.HOSTED, 400, 413, 422, 429, 507),
+    responses=errors(Dialect.HOSTED, 400, 413, 422, 429, 503, 507),
+    openapi_extra={
+        "requestBody": {"required": True, "content": {"multipart/form-data": {"schema": UPLOAD}}}
+    },
 )
 async def upload(request: Request) -> Response:
     jobs = jobs_of(request)
@@ -98,7 +116,7 @@ def _copied(given: UploadFile, target: Path, limit: int) -> int:
     return size
 
 
-@router.get("/v1/files", summary="Files of this key, newest first")
+@router.get("/v1/files", summary="Files of this key, newest first", responses=READ)
 async def files(
     request: Request,
     purpose: str | None = None,
@@ -112,19 +130,24 @@ async def files(
     return json_response(_page([f.described() for f in kept], after, limit, 10000))
 
 
-@router.get("/v1/files/{file_id}", summary="A file's object")
+@router.get("/v1/files/{file_id}", summary="A file's object", responses=READ)
 async def file(request: Request, file_id: str) -> Response:
     return json_response(jobs_of(request).file(file_id, request_tenant(request)).described())
 
 
-@router.get("/v1/files/{file_id}/content", summary="A file's bytes")
+@router.get(
+    "/v1/files/{file_id}/content",
+    summary="A file's bytes",
+    response_class=FileResponse,
+    responses={200: BINARY, **READ},
+)
 async def content(request: Request, file_id: str) -> Response:
     jobs = jobs_of(request)
     record: FileRecord = jobs.file(file_id, request_tenant(request))
     return FileResponse(jobs.store.file_path(record.id), media_type="application/octet-stream")
 
 
-@router.delete("/v1/files/{file_id}", summary="Delete a file")
+@router.delete("/v1/files/{file_id}", summary="Delete a file", responses=READ)
 async def delete(request: Request, file_id: str) -> Response:
     jobs = jobs_of(request)
     record = await asyncio.to_thread(jobs.delete_file, file_id, request_tenant(request))
@@ -134,6 +157,9 @@ async def delete(request: Request, file_id: str) -> Response:
 # -- batches ------------------------------------------------------------------------------
 
 
+CREATE = (400, 404, 413, 415, 422, 429, 503)  # what creating a batch may answer
+
+
 class BatchBody(Strict):
     input_file_id: StrictStr = Field(description="a file uploaded with purpose batch")
     endpoint: StrictStr = Field(description="the route every line runs: /v1/embeddings...")
@@ -141,11 +167,7 @@ class BatchBody(Strict):
     metadata: Annotated[dict[str, StrictStr], Field(max_length=16)] | None = None
 
 
-@router.post(
-    "/v1/batches",
-    summary="Run a file of requests as a batch",
-    responses=errors(Dialect.HOSTED, 400, 404, 422, 429),
-)
+@post(router, "/v1/batches", BatchBody, "Run a file of requests as a batch", CREATE)
 async def create(request: Request) -> Response:
     jobs = jobs_of(request)
     body: BatchBody = validate(
@@ -161,18 +183,18 @@ async def create(request: Request) -> Response:
     return json_response(record.described())
 
 
-@router.get("/v1/batches/{batch_id}", summary="A batch's object")
+@router.get("/v1/batches/{batch_id}", summary="A batch's object", responses=READ)
 async def batch(request: Request, batch_id: str) -> Response:
     return json_response(jobs_of(request).batch(batch_id, request_tenant(request)).described())
 
 
-@router.get("/v1/batches", summary="Batches of this key, newest first")
+@router.get("/v1/batches", summary="Batches of this key, newest first", responses=READ)
 async def batches(request: Request, limit: int = 20, after: str | None = None) -> Response:
     kept: list[BatchRecord] = jobs_of(request).batches(request_tenant(request))
     return json_response(_page([b.described() for b in kept], after, limit, MAX_LIST))
 
 
-@router.post("/v1/batches/{batch_id}/cancel", summary="Cancel a batch")
+@router.post("/v1/batches/{batch_id}/cancel", summary="Cancel a batch", responses=READ)
 async def cancel(request: Request, batch_id: str) -> Response:
     jobs = jobs_of(request)
     record = jobs.cancel(batch_id, request_tenant(request))  # (on the loop: it tells the runner)
