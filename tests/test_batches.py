@@ -458,3 +458,19 @@ async def test_a_runner_that_breaks_fails_its_batch_not_leaves_it_running(
     assert done.status == "failed"
     assert [e.code for e in done.errors.data] == ["internal_error"]
     assert (await client.post("/v1/embeddings", json={"input": "x"})).status_code == 200
+
+
+async def test_a_second_server_on_the_same_jobs_directory_serves_but_runs_no_jobs(
+    models: Path, tmp_path: Path
+) -> None:
+    """One server holds a jobs directory (two would each resume its batches): a second on the
+    same directory still answers requests, and its Batch API says why it runs no jobs."""
+    jobs = tmp_path / "jobs"
+    async with serving(load_engine(settings_of(models, jobs))) as first:
+        await sdk_of(first).files.create(file=("in.jsonl", b"{}\n"), purpose="batch")
+        async with serving(load_engine(settings_of(models, jobs))) as second:
+            with pytest.raises(openai.InternalServerError, match="another server holds") as held:
+                await sdk_of(second).files.list()
+            assert held.value.status_code == 503
+            answer = await second.post("/v1/embeddings", json={"input": "still served"})
+            assert answer.status_code == 200
