@@ -5,6 +5,6 @@ tokenizers order them.
 The flow, one way: `store` keeps files and each batch's state on disk (SQLite for the state,
 plain files for the data); `lines` reads an input file and refuses it whole where OpenAI
 does, or orders its lines by length; `runner` sends each line, in that order and at the bulk
-level, through the one request path (a `Dispatch`, the application in process), and writes
-the answers back in checkpoints; `jobs` starts, resumes, cancels and stops the runners.
+level, through the one request path (a `Dispatch`: its route's function, in process), and
+writes the answers back in checkpoints; `jobs` starts, resumes, cancels and stops the runners.
 """

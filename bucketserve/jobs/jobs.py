@@ -29,7 +29,7 @@ class Jobs:
         self.store, self.engine, self.metrics = Store(root), engine, metrics
         self.max_file_bytes = int(settings.max_file_mb * 2**20)
         self.max_files, self.max_jobs = settings.max_files, settings.max_jobs
-        self.dispatch: Dispatch | None = None  # the application in process, once it exists
+        self.dispatch: Dispatch | None = None  # the routes in process, once the app exists
         self._runners: dict[str, tuple[Runner, asyncio.Task[None]]] = {}
         self._counted = False
 
