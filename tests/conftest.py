@@ -149,7 +149,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     server process still running and no gevent patching of this process (locust, imported
     here, would patch threading and sockets under every later test and the exit)."""
     problems = []
-    leftovers = psutil.Process().children(recursive=True)
+    leftovers = [c for c in psutil.Process().children(recursive=True) if running(c)]
     for child in leftovers:
         problems.append(f"process {child.pid} still running: {' '.join(child.cmdline())}")
         child.kill()
@@ -160,6 +160,14 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     if problems:
         print("\n" + "\n".join(problems), file=sys.stderr)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def running(process: psutil.Process) -> bool:
+    """Whether `process` still runs (a zombie is dead, only not reaped yet)."""
+    try:
+        return bool(process.status() != psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return False
 
 
 def pytest_unconfigure() -> None:

@@ -1,13 +1,19 @@
-"""A batch survives its server's death (slow tier: a real process, SIGKILLed). A job of
+"""A batch survives its server's death (slow tier: real processes, SIGKILLed). A job of
 20,000 lines is killed three times (once while it is read and ordered, twice at random points
 of its answering), the server started again on the same jobs directory each time; the
 output then holds exactly one line per `custom_id`, each equal to the same request online.
+And `bucketserve batch run`, killed once it has checkpointed, goes on where it stopped.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
+import signal
+import sqlite3
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -99,3 +105,44 @@ def test_a_job_killed_three_times_answers_each_line_once_and_exactly(
     for custom_id, body in by_id.items():
         np.testing.assert_allclose(body["data"][0]["embedding"], expected[custom_id], atol=1e-5)
         assert body["usage"]["prompt_tokens"] > 0
+
+
+def test_batch_run_killed_goes_on_where_it_stopped(
+    repository: Callable[..., Path], tmp_path: Path
+) -> None:
+    """`bucketserve batch run` SIGKILLed once it has checkpointed, then the same command
+    again: it goes on from `OUT.partial/`, and OUT holds every text once."""
+    models = repository("st")
+    given = texts(LINES, seed=78)
+    source, out = tmp_path / "texts.txt", tmp_path / "vectors.jsonl"
+    source.write_text("\n".join(given))
+    command = [sys.executable, "-m", "bucketserve", "batch", "run", str(source), "--out",
+               str(out), "--models", str(models), "--model", "st"]  # fmt: skip
+    state = out.with_name(out.name + ".partial") / "state.sqlite"
+
+    def done() -> int:
+        if not state.is_file():
+            return 0
+        with contextlib.closing(sqlite3.connect(f"file:{state}?mode=ro", uri=True)) as db:
+            rows = db.execute("SELECT done FROM batches").fetchall()
+        return int(rows[0][0]) if rows else 0
+
+    first = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 300
+        while done() < LINES // 10:
+            assert first.poll() is None, "the run ended before it could be killed"
+            assert time.monotonic() < deadline, "no checkpoint"
+            time.sleep(0.05)
+        first.send_signal(signal.SIGKILL)
+        first.wait(30)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    stopped = done()
+    assert 0 < stopped < LINES
+    again = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-2000:]
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted(int(line["custom_id"]) for line in lines) == list(range(1, LINES + 1))
+    assert all(line["response"]["status_code"] == 200 for line in lines)
