@@ -121,10 +121,14 @@ def test_batch_run_killed_goes_on_where_it_stopped(
     state = out.with_name(out.name + ".partial") / "state.sqlite"
 
     def done() -> int:
+        """The lines the run has checkpointed (0 before its state is written)."""
         if not state.is_file():
             return 0
-        with contextlib.closing(sqlite3.connect(f"file:{state}?mode=ro", uri=True)) as db:
-            rows = db.execute("SELECT done FROM batches").fetchall()
+        try:
+            with contextlib.closing(sqlite3.connect(f"file:{state}?mode=ro", uri=True)) as db:
+                rows = db.execute("SELECT done FROM batches").fetchall()
+        except sqlite3.OperationalError:  # (made, its tables not yet)
+            return 0
         return int(rows[0][0]) if rows else 0
 
     first = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
