@@ -35,8 +35,8 @@ from bucketserve.jobs.store import BatchRecord, FileRecord
 router = APIRouter(tags=["Batches"])
 
 CHUNK = 1 << 20  # an upload copied in pieces of this many bytes
-PURPOSES = ("batch", "batch_output")
-MAX_LIST = 100  # OpenAI's `limit`: at most this many a page (its default: 20)
+MAX_BATCHES = 100  # OpenAI's `limit` on batches: at most this many a page (default: 20)
+MAX_FILES = 10_000  # and on files (default: all, up to this)
 
 
 def jobs_of(request: Request) -> Jobs:
@@ -82,7 +82,7 @@ async def upload(request: Request) -> Response:
     target = jobs.upload_path(tenant)
     async with request.form(max_files=1, max_fields=8) as form:
         purpose, given = form.get("purpose"), form.get("file")
-        if purpose not in PURPOSES[:1]:
+        if purpose != "batch":  # (outputs are the server's to make)
             raise InvalidInput(f"purpose {purpose!r}: files here are for 'batch'", param="purpose")
         if not isinstance(given, UploadFile):
             raise InvalidInput("the form has no file", param="file")
@@ -120,14 +120,14 @@ def _copied(given: UploadFile, target: Path, limit: int) -> int:
 async def files(
     request: Request,
     purpose: str | None = None,
-    limit: int = 10000,
+    limit: int = MAX_FILES,
     after: str | None = None,
     order: Literal["asc", "desc"] = "desc",
 ) -> Response:
     kept = jobs_of(request).files(request_tenant(request), purpose)
     if order == "asc":
         kept.reverse()
-    return json_response(_page([f.described() for f in kept], after, limit, 10000))
+    return json_response(_page([f.described() for f in kept], after, limit, MAX_FILES))
 
 
 @router.get("/v1/files/{file_id}", summary="A file's object", responses=READ)
@@ -191,7 +191,7 @@ async def batch(request: Request, batch_id: str) -> Response:
 @router.get("/v1/batches", summary="Batches of this key, newest first", responses=READ)
 async def batches(request: Request, limit: int = 20, after: str | None = None) -> Response:
     kept: list[BatchRecord] = jobs_of(request).batches(request_tenant(request))
-    return json_response(_page([b.described() for b in kept], after, limit, MAX_LIST))
+    return json_response(_page([b.described() for b in kept], after, limit, MAX_BATCHES))
 
 
 @router.post("/v1/batches/{batch_id}/cancel", summary="Cancel a batch", responses=READ)
