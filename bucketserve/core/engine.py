@@ -152,9 +152,9 @@ class Engine:
         metrics.watch_bound_keys(model.name, model.executor.bound_key_count)
         metrics.watch_queue(
             model.name,
-            functools.partial(self._summed, model.name, "requests_waiting"),
-            functools.partial(self._summed, model.name, "requests_running"),
-            functools.partial(self._summed, model.name, "queued_tokens"),
+            functools.partial(self.summed, model.name, "requests_waiting"),
+            functools.partial(self.summed, model.name, "requests_running"),
+            functools.partial(self.summed, model.name, "queued_tokens"),
         )
         if reuse is not None:
             metrics.watch_cache(model.name, info.version, lambda: reuse.kept_bytes)
@@ -162,7 +162,7 @@ class Engine:
             model.name, info.version, model.binding, info.plan.policy.value, info.invariance
         )
 
-    def _summed(self, name: str, count: str) -> int:
+    def summed(self, name: str, count: str) -> int:
         """A scheduler count of every version of the model `name` running (a version being
         replaced still answers what it took)."""
         return sum(getattr(s.scheduler, count) for m, s in self._served.items() if m.name == name)
