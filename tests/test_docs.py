@@ -19,7 +19,7 @@ README = ROOT / "README.md"
 DOCS = ROOT / "docs"
 MAX_README_WORDS = 3500
 # The rooms, in the order a request meets them (load time last: it runs before and beside).
-ROOMS = ["process/", "edges/", "jobs/", "control.py", "core/", "runtime/", "loading/"]
+ROOMS = ["ray/", "process/", "edges/", "jobs/", "control.py", "core/", "runtime/", "loading/"]
 SHARED = {"settings", "metrics", "tracing", "logs", "errors", "about"}
 
 
