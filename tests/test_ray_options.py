@@ -48,10 +48,18 @@ def test_the_defaults_keep_batching_and_a_replicas_cpus_are_its_threads(models: 
     assert options.target_requests == 64  # (twice the largest batch)
     smaller = read_options({"models": str(models), "max_batch_size": "8"})
     assert smaller.deployment["max_ongoing_requests"] == MIN_ONGOING  # (4 x 8 is below it)
-    assert (
-        read_options({"models": str(models), "intra_op_threads": "2"}).settings.intra_op_threads
-        == 2
-    )
+    threads = read_options({"models": str(models), "intra_op_threads": "2"}).settings
+    assert threads.intra_op_threads == 2
+
+
+def test_the_environment_is_read_as_serve_reads_it(
+    models: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("BUCKETSERVE_INTRA_OP_THREADS", "3")
+    monkeypatch.setenv("BUCKETSERVE_MAX_QUEUE_DELAY_MS", "7")
+    settings = read_options({"models": str(models), "num_cpus": "4"}).settings
+    assert settings.intra_op_threads == 3  # (said, so not the CPUs')
+    assert settings.max_queue_delay_ms == 7
 
 
 def test_max_ongoing_requests_below_the_largest_batch_is_refused_with_the_fix(

@@ -119,16 +119,15 @@ def read_settings(args: dict[str, Any], num_cpus: float | None = None) -> Settin
                 f"{name}: not an argument of bucketserve.ray:app; it takes every `serve` "
                 f"setting and {', '.join(DEPLOYMENT)}"
             )
-    given = {k: _setting(k, v) for k, v in args.items()}
-    if num_cpus is not None:
-        given.setdefault("intra_op_threads", max(1, math.floor(num_cpus)))
-    settings = Settings.from_env(**given)
-    absolute: dict[str, Any] = {
+    settings = Settings.from_env(**{k: _setting(k, v) for k, v in args.items()})
+    changed: dict[str, Any] = {
         name: Path(getattr(settings, name)).resolve()
         for name in PATHS
         if getattr(settings, name) is not None
     }
-    return dataclasses.replace(settings, **absolute)
+    if num_cpus is not None and settings.intra_op_threads is None:
+        changed["intra_op_threads"] = max(1, math.floor(num_cpus))
+    return dataclasses.replace(settings, **changed)
 
 
 def largest_batch(settings: Settings) -> int:
