@@ -245,3 +245,24 @@ def test_the_bulk_bench_runs_a_job_online_and_under_live_traffic(
     assert report["live_with_job"]["answered"] > 0
     assert report["live_with_job"]["errors"] == {}
     assert "of the ceiling" in done.stdout
+
+
+def test_the_ray_bench_measures_serving_and_a_corpus(
+    minilm_spec: ModelSpec, tmp_path: Path
+) -> None:
+    """`loadtest.ray_bench` on a few clients and texts: alone, through Ray's proxy and with
+    direct ingress, each with its batches and rate; the corpus answered whole both ways (it
+    raises if not)."""
+    pytest.importorskip("ray.serve")
+    report_path = tmp_path / "ray.json"
+    small = ["--clients", "4", "--requests", "2", "--texts", "100"]
+    command = [sys.executable, "-m", "loadtest.ray_bench", *small, "--json", str(report_path)]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(report_path.read_text())
+    assert set(report["serving"]) == {"alone", "proxy", "direct_ingress"}
+    for row in report["serving"].values():
+        assert row["mean_batch"] >= 1
+        assert row["requests_per_s"] > 0
+    assert report["corpus"]["ray_data_per_s"] > 0
+    assert "Ray Data on two nodes" in done.stdout

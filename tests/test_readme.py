@@ -33,6 +33,7 @@ RUN_ELSEWHERE = {
     "mkdocs build": "tests/test_docs.py",
     "bucketserve batch run": "tests/test_batches.py",
     "serve run bucketserve.ray:app": "tests/test_ray.py",  # (Ray's command: a cluster's)
+    "python -m loadtest.ray_bench": "tests/test_bench.py",
 }
 NEEDS_DOCKER_OR_CLUSTER = ("docker ", "kubectl ", "helm ")
 SUITE = "python -m pytest"  # the suite's own tiers: running them is what the suite is doing
