@@ -3,7 +3,8 @@
 - serving: `--clients` closed-loop clients, one sentence a request, against `bucketserve serve`
   on one thread, then against one replica of one CPU behind Ray's HTTP proxy, then the same
   with Ray's direct ingress (`RAY_SERVE_THROUGHPUT_OPTIMIZED=1`: the replica takes HTTP
-  itself): the server's mean batch (its own histogram) and the requests answered a second;
+  itself, on a port of its own, which the clients are sent to): the server's mean batch (its
+  own histogram) and the requests answered a second;
 - a corpus: `--texts` sentences embedded by `bucketserve batch run` on one machine (every
   core) and by Ray Data over two nodes of one CPU each (`bucketserve.ray.Embed`, two actors):
   texts a second, each from its start to its last answer (the cluster's own start left out).
@@ -41,7 +42,15 @@ from loadtest.payloads import natural_texts
 from loadtest.process import ROOT, free_port, running_server
 
 MODEL = "minilm"
-DIRECT_INGRESS = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}
+
+
+def direct_ingress(port: int) -> dict[str, str]:
+    """Ray's throughput-optimised mode, whose replicas take HTTP themselves (from `port`)."""
+    return {
+        "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
+        "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": str(port),
+        "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": str(port + 100),
+    }
 
 
 def sentences(count: int, seed: int = 3) -> list[str]:
@@ -142,13 +151,15 @@ def serving(models: Path, texts: list[str], args: argparse.Namespace) -> dict[st
     with running_server(models, *flags, log_path=models.parent / "server.log") as (_, url):
         mean_batch(url, texts, args.clients, 2)
         found["alone"] = mean_batch(url, texts, args.clients, args.requests)
-    for name, env in (("proxy", {}), ("direct_ingress", DIRECT_INGRESS)):
+    replica_port = free_port()
+    for name, env in (("proxy", {}), ("direct_ingress", direct_ingress(replica_port))):
         with cluster(1, env) as ray_cluster:
             serve.run(
                 app({"models": str(models), "result_cache_mb": "0"}), name="b", route_prefix="/"
             )
-            mean_batch(ray_cluster.url, texts, args.clients, 2)
-            found[name] = mean_batch(ray_cluster.url, texts, args.clients, args.requests)
+            url = f"http://127.0.0.1:{replica_port}" if env else ray_cluster.url
+            mean_batch(url, texts, args.clients, 2)
+            found[name] = mean_batch(url, texts, args.clients, args.requests)
     alone_batch, alone_rate = found["alone"]
     return {
         name: {
@@ -190,6 +201,7 @@ def corpus(models: Path, texts: list[str]) -> dict[str, Any]:
         )
         embedded = rows.count()
         data_s = time.monotonic() - began
+        del rows  # (its blocks released while the cluster still runs, not at the exit)
     assert answered == embedded == len(texts), (answered, embedded, len(texts))
     job, data = len(texts) / job_s, len(texts) / data_s
     return {
