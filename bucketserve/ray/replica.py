@@ -50,12 +50,12 @@ class Replica:
         logging.getLogger("bucketserve").setLevel(settings.log_level.upper())
         self.wired = wire(settings)
         self.target_requests = target_requests
-        self._running = running(self.wired.engine, self.wired.control, self.wired.metrics)
-        await self._running.__aenter__()
         self._gauges = {
             count: serve_metrics.Gauge(name, f"bucketserve's {count}", tag_keys=("model",))
             for count, name in SIGNALS.items()
         }
+        self._running = running(self.wired.engine, self.wired.control, self.wired.metrics)
+        await self._running.__aenter__()
         self._mirror = asyncio.create_task(self._mirrored(), name="ray-metrics")
 
     def __serve_build_asgi_app__(self) -> Any:
@@ -86,6 +86,8 @@ class Replica:
 
     async def __del__(self) -> None:
         """Ray's graceful stop, after what Ray sent has been answered: the server's drain."""
+        if not hasattr(self, "_mirror"):  # (the constructor failed: nothing was started)
+            return
         self._mirror.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._mirror
