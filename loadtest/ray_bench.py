@@ -40,6 +40,7 @@ from bucketserve.loading import load_model_spec
 from loadtest.lengths import LengthDistribution
 from loadtest.payloads import natural_texts
 from loadtest.process import ROOT, free_port, running_server
+from loadtest.scheduling_bench import metric, scrape
 
 MODEL = "minilm"
 
@@ -66,17 +67,11 @@ def sentences(count: int, seed: int = 3) -> list[str]:
 
 def batch_sizes(url: str, model: str) -> tuple[float, float]:
     """The sum and the count of the model's batch sizes, from a server's /metrics."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    total = count = 0.0
-    for family in text_string_to_metric_families(httpx.get(url + "/metrics").text):
-        for sample in family.samples:
-            if sample.labels.get("model") == model:
-                if sample.name == "bucketserve_batch_size_sum":
-                    total += sample.value
-                elif sample.name == "bucketserve_batch_size_count":
-                    count += sample.value
-    return total, count
+    text = scrape(url)
+    return (
+        metric(text, "bucketserve_batch_size_sum", model=model),
+        metric(text, "bucketserve_batch_size_count", model=model),
+    )
 
 
 def mean_batch(

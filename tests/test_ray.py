@@ -315,8 +315,10 @@ def test_batches_through_ray_hold_to_the_server_alone(
                 text = httpx.get(f"http://127.0.0.1:{node.metrics_export_port}/metrics").text
             except httpx.HTTPError:
                 continue
-            if "ray_bucketserve_requests_waiting{" in text and 'replica="' in text:
-                return True
+            for line in text.splitlines():
+                gauge = line.startswith("ray_bucketserve_requests_waiting{")
+                if gauge and 'replica="' in line and 'model="minilm"' in line:
+                    return True
         return False
 
     until(exported, "the queue gauges in Ray's metrics, with the replica", 60)

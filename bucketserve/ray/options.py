@@ -147,9 +147,8 @@ def _autoscaling(mine: dict[str, Any]) -> dict[str, Any]:
         "max_replicas": _number(mine, "max_replicas", 1, int),
         "policy": {"policy_function": "bucketserve.ray.autoscaling:queue_policy"},
     }
-    for name in ("initial_replicas",):
-        if name in mine:
-            config[name] = _number(mine, name, 0, int)
+    if "initial_replicas" in mine:
+        config["initial_replicas"] = _number(mine, "initial_replicas", 0, int)
     for name in ("upscale_delay_s", "downscale_delay_s", "look_back_period_s"):
         if name in mine:
             config[name] = _number(mine, name, 0.0, float)
