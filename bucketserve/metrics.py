@@ -11,7 +11,7 @@ of the server's levels, `tenant` one the operator named (any other is `other`).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -36,8 +36,11 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2
 BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 128)
 # Fine enough for `bucketserve plan` to fit edges to live traffic (edges land on these values).
 LENGTH_BUCKETS = (*range(4, 64, 4), *range(64, 128, 8), *range(128, 257, 16), 320, 384, 448, 512)
+# ... and past 512, a quarter apart up to the longest contexts served (32,768)
+LENGTH_BUCKETS += tuple(int(512 * 2 ** (i / 4)) // 64 * 64 for i in range(1, 25))
 
 
+FOOTPRINT_TERMS = ("fixed", "per_token", "per_token_squared")
 NO_TENANT = "none"  # the label of requests without a tenant (tenancy off)
 OTHER_TENANT = "other"  # of a tenant the operator did not name
 JOB_TENANT = "job:"  # the tenants of bulk jobs (each job its own, labelled "jobs")
@@ -162,6 +165,40 @@ class Metrics:
             ["model"],
             registry=r,
         )
+        self.batch_memory = Gauge(
+            "bucketserve_batch_memory_bytes",
+            "what a batch of the model needs while it runs, measured at load: `fixed` + "
+            "`per_token` x rows x length + `per_token_squared` x rows x length^2",
+            ["model", "term"],
+            registry=r,
+        )
+        self.longest_sequence = Gauge(
+            "bucketserve_longest_sequence",
+            "the longest sequence the model runs: its longest bucket, or less where a batch "
+            "of one that long would not fit the memory budget (longer: 413)",
+            ["model"],
+            registry=r,
+        )
+        self.memory_budget = Gauge(
+            "bucketserve_memory_budget_bytes",
+            "what the batches running at once may need together (absent: no bound)",
+            registry=r,
+        )
+        self.memory_running = Gauge(
+            "bucketserve_memory_running_bytes",
+            "what the batches running now need, by their models' footprints",
+            registry=r,
+        )
+        self.memory_peak = Gauge(
+            "bucketserve_memory_running_peak_bytes",
+            "the most the batches running at once have needed since start",
+            registry=r,
+        )
+        self.memory_waiting = Gauge(
+            "bucketserve_memory_batches_waiting",
+            "batches ready to run that wait for room in the memory budget",
+            registry=r,
+        )
         self.load_failed = Gauge(
             "bucketserve_model_load_failed",
             "models of the repository that did not load (served partially; always 1)",
@@ -268,12 +305,36 @@ class Metrics:
             with contextlib.suppress(KeyError):
                 self.cache_bytes.remove(model, str(version))
         if not served:
-            for gauge, extra in ((self.bound_keys, ()), (self.batching_tolerance, ())):
+            for gauge in (self.bound_keys, self.batching_tolerance, self.longest_sequence):
                 with contextlib.suppress(KeyError):
-                    gauge.remove(model, *extra)
+                    gauge.remove(model)
+            for term in FOOTPRINT_TERMS:
+                with contextlib.suppress(KeyError):
+                    self.batch_memory.remove(model, term)
             for kind in ("padding", "batching"):
                 with contextlib.suppress(KeyError):
                     self.batching_difference.remove(model, kind)
+
+    def model_memory(self, model: str, terms: Mapping[str, float] | None, longest: int) -> None:
+        """What a batch of `model` needs (its footprint's `terms`; None: not measured), and the
+        longest sequence it runs."""
+        for term, value in (terms or {}).items():
+            self.batch_memory.labels(model, term).set(value)
+        self.longest_sequence.labels(model).set(longest)
+
+    def watch_memory(
+        self,
+        budget: int | None,
+        running: Callable[[], int],
+        peak: Callable[[], int],
+        waiting: Callable[[], int],
+    ) -> None:
+        """Read at every scrape: the memory budget's figures."""
+        if budget is not None:
+            self.memory_budget.set(budget)
+        self.memory_running.set_function(running)
+        self.memory_peak.set_function(peak)
+        self.memory_waiting.set_function(waiting)
 
     def model_failed(self, model: str) -> None:
         self.load_failed.labels(model).set(1)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -138,6 +139,16 @@ class Settings:
             "help": "ONNX Runtime threads for a batch that runs alone (no other running or "
             "waiting), on a second session with its own copy of the weights (default: every "
             "core, where each batch runs on one thread; 1 turns it off)"
+        },
+    )
+    memory_budget: str | None = field(
+        default=None,
+        metadata={
+            "help": "the memory every batch running at once may need together, e.g. 6GiB or "
+            "1500MiB (default: the container's memory limit, else the machine's memory, less "
+            "what is held at start, twice the models' files and a reserve for the request "
+            "path): a batch waits until it fits; a sequence whose batch of one cannot fit is "
+            "refused (413), and no load-time check runs one"
         },
     )
     cache_dir: Path | None = field(
@@ -332,6 +343,7 @@ class Settings:
         if self.tenant_header is not None and not _token(self.tenant_header):
             raise ConfigError(f"tenant_header: {self.tenant_header!r} is not a header name")
         self.weights()  # (checked now, not at the first request)
+        self.memory_budget_bytes()
         if self.max_batch_size is not None and self.max_batch_size < 1:
             raise ConfigError(f"max_batch_size: must be at least 1, got {self.max_batch_size}")
 
@@ -374,6 +386,26 @@ class Settings:
         if any(not key.isascii() or not key.isprintable() or " " in key for _, key in named):
             raise ConfigError("api_key: a key is printable ASCII without spaces")
         return {key: name or unnamed_tenant(key) for name, key in named}
+
+    def memory_budget_bytes(self) -> int | None:
+        """--memory-budget in bytes (None when not given): a number of bytes, or one with a
+        unit (KiB, MiB, GiB, TiB, or K, M, G, T for the same; KB, MB, GB, TB in powers of
+        ten)."""
+        if self.memory_budget is None:
+            return None
+        found = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B?)\s*", self.memory_budget, re.I)
+        if found is None:
+            raise ConfigError(
+                f"memory_budget: {self.memory_budget!r}: expected a size such as 6GiB, 1500MiB "
+                "or a number of bytes"
+            )
+        number, unit, suffix = float(found[1]), found[2].upper(), found[3].upper()
+        power = "KMGT".find(unit) + 1 if unit else 0
+        base = 1000 if suffix == "B" and unit else 1024
+        size = int(number * base**power)
+        if size <= 0:
+            raise ConfigError(f"memory_budget: {self.memory_budget!r}: must be above 0")
+        return size
 
     def weights(self) -> dict[str, float]:
         """The tenants' weights --tenant-weights names."""

@@ -3,8 +3,9 @@ for most models, and what text-embeddings-inference loads directly) exported as 
 exports one, for `bucketserve models import`: the transformers model its config.json names
 (optimum's task by its architecture: `importer.task_of`), traced to `model.onnx` by
 `hf_export`, beside copies of the folder's tokenizer and configs; then checked against the
-original, each text alone, on texts from one token to the longest the model takes, before
-the import goes on. Reads the folder only. Needs the export extra (torch, transformers).
+original, each text alone, on texts from one token to the longest the import serves (past
+every local attention window its config declares), before the import goes on. Reads the
+folder only. Needs the export extra (torch, transformers).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import numpy as np
 from bucketserve.errors import ConfigError
 from bucketserve.loading.builder import load_tokenizer
 from bucketserve.loading.importer import task_of
+from bucketserve.runtime.sessions import GraphFile, side_session
 from modelgen.hf_export import INPUTS, export_text_model
 
 STEPS = {0: "batch_size", 1: "sequence_length"}
@@ -32,17 +34,21 @@ LEFT_BEHIND = ("*.safetensors", "*.safetensors.index.json", "*.bin", "*.h5", "*.
                "*.ot", "*.pt", "*.pth", "*.onnx", "onnx", ".git")  # fmt: skip
 
 
+# config.json's fields that name an attention window narrower than the context (ModernBERT's
+# local attention, Gemma's and Mistral's sliding window, Longformer's)
+WINDOWS = ("local_attention", "sliding_window", "attention_window")
+
+
 @dataclass(frozen=True)
 class Exported:
     folder: Path  # the export, as `models import` reads one
     task: str  # optimum's name of what was exported
-    texts: int  # how many texts it was checked on
-    largest_difference: float  # between the graph's outputs and the original's, over them
 
 
 def export_folder(source: Path, into: Path) -> Exported:
-    """`source` exported to the new folder `into`, and checked; ConfigError when the folder
-    names no model transformers has, or the graph does not answer as the original."""
+    """`source` exported to the new folder `into` (checked by `check_export`, once the
+    length it is served at is known); ConfigError when the folder names no model
+    transformers has."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     task = task_of(source)
     model, output, axes = _original(source, task)
@@ -50,8 +56,29 @@ def export_folder(source: Path, into: Path) -> Exported:
     shutil.copytree(source, into, ignore=shutil.ignore_patterns(*LEFT_BEHIND))
     module = _named(model, inputs, output)
     export_text_model(module, into / "model.onnx", {output: axes}, model.config.vocab_size, inputs)
-    texts, difference = _checked(model, into, inputs, output)
-    return Exported(into, task, texts, difference)
+    return Exported(into, task)
+
+
+def check_export(source: Path, exported: Exported, longest: int) -> str:
+    """The export's answers against the original's, each text alone, from one token to
+    `longest` (the length it is imported at) and past every attention window the config
+    declares: what was checked, in a line, or ConfigError past TOLERANCE."""
+    model, output, _ = _original(source, exported.task)
+    inputs = tuple(i for i in INPUTS if i in _inputs_taken(model))
+    lengths = check_lengths(model.config, longest)
+    difference = _checked(model, exported.folder, inputs, output, lengths)
+    return (
+        f"exported to ONNX ({exported.task}) and checked it against the original: {len(lengths)} "
+        f"texts of {lengths[0]} to {lengths[-1]} tokens, each alone, within {difference:.2g}"
+    )
+
+
+def check_lengths(model_config: Any, longest: int) -> list[int]:
+    """The texts' lengths in tokens: short ones, twice each attention window narrower than
+    `longest`, and `longest`."""
+    windows = [getattr(model_config, name, None) for name in WINDOWS]
+    past = [2 * w for w in windows if isinstance(w, int) and 0 < 2 * w < longest]
+    return sorted({n for n in (1, 7, 60) if n < longest} | set(past) | {longest})
 
 
 def _original(source: Path, task: str) -> tuple[Any, str, dict[int, str]]:
@@ -98,21 +125,21 @@ def _named(model: Any, inputs: tuple[str, ...], output: str) -> Any:
     return Named().eval()
 
 
-def _checked(model: Any, folder: Path, inputs: tuple[str, ...], output: str) -> tuple[int, float]:
-    """The export's output against the original's, each text alone, from one word to past the
-    longest the model takes (cut there, as the server cuts it); ConfigError past TOLERANCE."""
-    import onnxruntime
+def _checked(
+    model: Any, folder: Path, inputs: tuple[str, ...], output: str, lengths: list[int]
+) -> float:
+    """The export's output against the original's, on one text of each of `lengths` tokens
+    (special tokens included) alone; ConfigError past TOLERANCE. The largest difference."""
     import torch
 
-    longest = min(512, model.config.max_position_embeddings - 2)  # (RoBERTa's offset of 2)
+    longest = max(lengths)
     tokenizer = load_tokenizer(folder / "tokenizer.json", longest)
-    session = onnxruntime.InferenceSession(
-        str(folder / "model.onnx"), providers=["CPUExecutionProvider"]
-    )
-    texts = [" ".join(WORDS[i % len(WORDS)] for i in range(n)) for n in (1, 7, 60, 2 * longest)]
+    # (on the process's thread layout: the import's load may have made a global pool)
+    session = side_session(GraphFile(folder / "model.onnx", ("CPUExecutionProvider",)))
     largest = 0.0
-    for text in texts:
-        encoded = tokenizer.encode(text)
+    for length in lengths:
+        tokenizer.enable_truncation(length)  # (a text of more words, cut to this length)
+        encoded = tokenizer.encode(" ".join(WORDS[i % len(WORDS)] for i in range(2 * length)))
         fields = {"input_ids": encoded.ids, "attention_mask": encoded.attention_mask,
                   "token_type_ids": encoded.type_ids}  # fmt: skip
         feeds = {name: np.array([fields[name]], np.int64) for name in inputs}
@@ -127,4 +154,4 @@ def _checked(model: Any, folder: Path, inputs: tuple[str, ...], output: str) -> 
                 f"original on a text of {len(encoded.ids)} tokens: not imported"
             )
         largest = max(largest, difference)
-    return len(texts), largest
+    return largest

@@ -15,6 +15,7 @@ import numpy as np
 
 from bucketserve.core.bucketing import BucketKey, BucketPlan, Invariance
 from bucketserve.core.layout import Input, InputRole, Layout, Tensor
+from bucketserve.core.memory import Footprint
 from bucketserve.core.model import Model, ModelInfo, SequenceRules
 from bucketserve.core.task import Task
 from bucketserve.core.tasks.embedding import Embedding
@@ -42,6 +43,7 @@ class FakeExecutor:
         self.first_ids: list[list[int]] = []  # each batch's rows, by their first id
         self.gate = threading.Event()  # batches wait here while it is clear
         self.gate.set()
+        self.gated_from = 0  # only batches of at least this length wait at the gate
         self.entered = threading.Event()  # set once a batch has started
         self.failure: Exception | None = None  # raised by a batch while set,
         self.fail_on: int | None = None  # or only by one with a row that starts with this id
@@ -83,7 +85,7 @@ class FakeExecutor:
             self.most_at_once = max(self.most_at_once, self.running)
         try:
             self.entered.set()
-            if not self.gate.wait(timeout=30):
+            if length >= self.gated_from and not self.gate.wait(timeout=30):
                 raise TimeoutError("test gate never opened")
             if self.failure is not None and self.fail_on in (None, *firsts):
                 raise self.failure
@@ -103,10 +105,15 @@ def fake_model(
     max_queue_delay_ms: float = 0,
     embedding: Embedding | None = None,
     invariance: Invariance | None = None,
+    footprint: Footprint | None = None,
+    budget: int | None = None,
 ) -> tuple[Model, FakeExecutor]:
     """A ready model over `FakeExecutor`, and the executor (to read or gate its batches).
-    `invariance`: what its check found (default: batching and padding move nothing)."""
-    plan = BucketPlan(edges, max_batch_size, max_batch_tokens or max_batch_size * edges[-1])
+    `invariance`: what its check found (default: batching and padding move nothing);
+    `footprint` and `budget`: what a batch needs in memory, in what the process has (default:
+    not bounded)."""
+    tokens = max_batch_tokens or max_batch_size * edges[-1]
+    plan = BucketPlan(edges, max_batch_size, tokens, footprint=footprint, budget=budget)
     info = ModelInfo(
         name=name,
         version=1,

@@ -12,7 +12,13 @@ import pytest
 
 from bucketserve.errors import ConfigError
 from bucketserve.loading import load_model_spec
-from bucketserve.loading.planner import padding_waste, plan_edges, power_of_two_edges
+from bucketserve.loading.planner import (
+    bucket_edges,
+    extended,
+    padding_waste,
+    plan_edges,
+    power_of_two_edges,
+)
 from tests.helpers import MODELS, ROOT, copy_bundled
 
 
@@ -123,3 +129,19 @@ def test_plan_command(tmp_path: Path) -> None:
     )
     assert "proposed (12 keys): buckets = [" in result.stdout
     assert "power of two (6 keys): buckets = [8, 16, 32, 64, 128, 256]" in result.stdout
+
+
+def test_past_the_traffic_seen_a_plan_climbs_a_ladder_to_the_longest() -> None:
+    """Traffic up to ~300 tokens, a model of 8,192: edges fitted where the traffic is, then
+    each edge 1/8 to 1/4 longer than the one before, so a text of 2,000 tokens never shares a
+    bucket (nor a batch's rows) with one of 8,000."""
+    rng = np.random.default_rng(2)
+    lengths = [int(n) for n in np.clip(rng.lognormal(3.5, 0.7, 3000), 1, 300)]
+    plan = plan_edges(lengths, 10, 8192)
+    edges = extended(plan.edges, 8192, max(lengths))
+    assert edges[: len(plan.edges) - 1] == plan.edges[:-1]  # (the fit, where traffic was seen)
+    assert edges[-1] == 8192
+    past = edges[len(plan.edges) - 2 :]
+    assert all(1.1 <= b / a <= 1.34 for a, b in itertools.pairwise(past[1:]))
+    assert padding_waste(lengths, edges) == pytest.approx(plan.waste)
+    assert bucket_edges(8192)[-4:] == [5120, 6144, 7168, 8192]

@@ -42,7 +42,7 @@ async def test_exact_batches_for_mixed_lengths() -> None:
     taken = [ids(queues.take(now)) for _ in range(2)]
     assert taken == [(8, [0, 3, 4, 6]), (32, [2, 8])]
     assert queues.take(now + DELAY / 2) is None  # 8: two waiting, 16: three, 32: one
-    assert queues.next_ready_at() == pytest.approx(DELAY)
+    assert queues.next_ready_at(now + DELAY / 2) == pytest.approx(DELAY)
     rest = [ids(queues.take(now + DELAY)) for _ in range(3)]
     assert rest == [(8, [7, 11]), (16, [1, 5, 9]), (32, [10])]
     assert len(queues) == 0

@@ -2,7 +2,9 @@
 
 No ONNX Runtime and no asyncio. `BucketPlan` maps a sequence length to a `BucketKey(rows,
 length)`: the bucket edge it pads to and the batch capacity there, min(max_batch_size,
-max_batch_tokens // length). How far a model may be batched is its `Policy`, chosen at load
+max_batch_tokens // length, the rows whose batch fits the memory budget). Its edges end at the
+longest length whose batch of one fits the budget: a longer sequence is refused before it
+queues. How far a model may be batched is its `Policy`, chosen at load
 from what batching was measured to do to its answers (`Invariance`). Collating a batch and
 splitting its outputs is `bucketserve.core.layout`'s.
 """
@@ -14,6 +16,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
+from bucketserve.core.memory import Footprint
 from bucketserve.errors import InvalidInput
 
 
@@ -72,6 +75,10 @@ class BucketPlan:
     # the model runs only at lengths that are multiples of this (a detector's width at 32):
     # every edge is one, and a sequence runs padded up to one, its outputs cut back
     multiple: int = 1
+    # what a batch needs in memory, and the bytes every batch running at once may need
+    # together: a key holds no more rows than fit alone (None: not bounded by memory)
+    footprint: Footprint | None = None
+    budget: int | None = None
 
     def __post_init__(self) -> None:
         if any(e % self.multiple for e in self.edges):
@@ -88,7 +95,17 @@ class BucketPlan:
     def capacity(self, length: int) -> int:
         if self.policy is Policy.SINGLE:
             return 1
-        return max(1, min(self.max_batch_size, self.max_batch_tokens // length))
+        return max(1, min(self.max_batch_size, self.max_batch_tokens // length, self.fit(length)))
+
+    def fit(self, length: int) -> int:
+        """The most rows of `length` whose batch fits the memory budget alone."""
+        if self.footprint is None or self.budget is None:
+            return 1 << 30
+        return self.footprint.rows(length, self.budget)
+
+    def need(self, rows: int, length: int) -> int:
+        """The bytes a batch of `rows` x `length` needs while it runs (0: not measured)."""
+        return 0 if self.footprint is None else self.footprint.need(rows, length)
 
     def bucket_of(self, length: int) -> int:
         """The configured edge that `length` falls under (a metric label, whatever the key)."""

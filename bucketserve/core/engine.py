@@ -49,13 +49,14 @@ from bucketserve.core.calls import (
 from bucketserve.core.heads import DirectHead, Picked, TextHead, WindowHead, answer_key
 from bucketserve.core.layout import Outputs
 from bucketserve.core.lifecycle import Lifecycle
+from bucketserve.core.memory import MemoryBudget
 from bucketserve.core.model import Model
 from bucketserve.core.registry import Registry
 from bucketserve.core.result_cache import Reuse, exact_inputs, refused_because
 from bucketserve.core.scheduler import Scheduler
 from bucketserve.core.shares import Shares
 from bucketserve.core.task import Task
-from bucketserve.errors import InvalidInput
+from bucketserve.errors import InvalidInput, PayloadTooLarge
 from bucketserve.metrics import Metrics
 from bucketserve.settings import BULK_LEVEL, Settings
 from bucketserve.tracing import Tracing
@@ -73,14 +74,18 @@ class Engine:
         instances: int = 1,
         tracing: Tracing | None = None,
         shares: Callable[[], Shares] = Shares,
+        memory: MemoryBudget | None = None,
     ) -> None:
         """Run what `registry` serves (`bucketserve.loading.load_engine` builds it from a
         repository). `instances`: batches of one model that may run at once. `tracing`:
-        where the spans go (default: off). `shares`: each model's tenants' shares, fresh."""
+        where the spans go (default: off). `shares`: each model's tenants' shares, fresh.
+        `memory`: the budget every batch running at once shares, whatever its model (the
+        one the models' plans were made for; default: no bound)."""
         self.registry = registry
         self.settings = settings or Settings()
         self.instances = instances
         self.tracing = tracing or Tracing()
+        self.memory = memory or MemoryBudget(None)
         self._shares = shares
         self.lifecycle = Lifecycle()
         self._served: dict[Model, Running] = {}  # every model running, by the model object
@@ -118,6 +123,10 @@ class Engine:
     def start(self, metrics: Metrics) -> None:
         """A scheduler for every model the registry serves, running; from the event loop."""
         self._metrics = metrics
+        memory = self.memory
+        metrics.watch_memory(
+            memory.total, lambda: memory.used, lambda: memory.peak, lambda: memory.waiting
+        )
         for model in self.registry.served():
             self.run(model)
         for name in self.registry.failed:
@@ -146,6 +155,7 @@ class Engine:
             shares=self._shares(),
             max_overtakes=self.settings.max_overtakes,
             reuse=reuse,
+            memory=self.memory,
         )
         task = asyncio.create_task(scheduler.run(), name=f"scheduler-{model.name}")
         self._served[model] = Running(scheduler, task)
@@ -160,6 +170,10 @@ class Engine:
             metrics.watch_cache(model.name, info.version, lambda: reuse.kept_bytes)
         metrics.model_loaded(
             model.name, info.version, model.binding, info.plan.policy.value, info.invariance
+        )
+        footprint = info.plan.footprint
+        metrics.model_memory(
+            model.name, None if footprint is None else footprint.terms, info.plan.max_length
         )
 
     def summed(self, name: str, count: str) -> int:
@@ -260,6 +274,25 @@ class Engine:
                 f"the request holds {tokens} tokens, more than the limit of {limit} per request"
             )
 
+    @staticmethod
+    def within_memory(model: Model, sequences: Sequence[np.ndarray]) -> None:
+        """Every sequence's batch of one fits the memory budget: one longer than the model's
+        buckets reach (cut where a longer batch of one would not fit) is refused (413), never
+        admitted to be killed."""
+        plan = model.plan
+        for i, sequence in enumerate(sequences):
+            if len(sequence) > plan.max_length:
+                need = plan.need(1, plan.run_length(len(sequence)))
+                raise PayloadTooLarge(
+                    f"sequence {i}: {len(sequence)} steps (tokens) need {_gib(need)} to run, "
+                    f"more than this server's memory budget ({_gib(plan.budget or 0)}): the "
+                    f"longest model {model.name} runs here is {plan.max_length}. Send shorter "
+                    f'inputs, or serve it with `long_inputs = "windows"` and a max_length of '
+                    f"at most {plan.max_length}, or give the server more memory "
+                    "(--memory-budget, or the container's limit)",
+                    param="input",
+                )
+
     async def infer(self, call: Call) -> Answer:
         """Decide and run one request, in the order of the module docstring."""
         task = call.head.task if call.head is not None else Task.PREDICT
@@ -297,6 +330,7 @@ class Engine:
                 await asyncio.to_thread(read) if call.inputs.heavy else read()
             )
             self.within_token_budget(sequences)
+            self.within_memory(model, sequences)
             admissible = getattr(head, "admissible", None)  # (what a task needs of a sequence)
             if admissible is not None:
                 for i, sequence in enumerate(sequences):
@@ -330,6 +364,10 @@ class Engine:
         answers = await asyncio.to_thread(answer) if call.inputs.heavy else answer()
         served.scheduler.answered_alone()
         return Answer(model, answers, _lengths(answers))
+
+
+def _gib(size: float) -> str:
+    return f"{size / 2**30:.2f} GiB" if size >= 2**30 else f"{size / 2**20:.0f} MiB"
 
 
 def _lengths(answers: Sequence[Outputs]) -> list[int]:

@@ -19,6 +19,7 @@ never waits for a long one.
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -47,6 +48,8 @@ ROWS_BELOW_A_BETTER_LEVEL = 3
 # A sequence's answer from its outputs (and its steps): its request's task head, run in the
 # worker thread as its batch finishes.
 Finish = Callable[[Outputs, np.ndarray], Outputs]
+# Whether a batch of these sequences under this key may start now (the memory budget)
+Fits = Callable[["BucketKey", list["Pending"]], bool]
 
 
 @dataclass(eq=False)
@@ -157,34 +160,44 @@ class BucketQueues:
         promoted = item.overtaken >= self.max_overtakes and item.level != BULK_LEVEL
         return PROMOTED if promoted else item.level
 
-    def take(self, now: float) -> tuple[BucketKey, list[Pending]] | None:
-        """The next batch to run, or None when no key is ready yet."""
+    def take(self, now: float, fits: Fits | None = None) -> tuple[BucketKey, list[Pending]] | None:
+        """The next batch to run, or None when no key is ready yet. `fits`: whether a batch
+        may start now (the memory budget); a ready key whose batch may not is passed over
+        for the next one, and stays queued."""
         ready = [k for k, q in self.queues.items() if q and self._ready(k, q, now)]
         if not ready:
             return None
         if len(self._levels) <= 1 and len(self.shares.waiting) <= 1:  # (arrival order)
-            key = min(ready, key=lambda k: min(item.deadline for item in self.queues[k]))
-            queue = self.queues[key]
-            rows = self._rows(key, queue[0].level, now)
-            taken = [queue.popleft() for _ in range(min(rows, len(queue)))]
-            for item in taken:
-                self.shares.charge(item.tenant, len(item.sequence))
-            self._left(taken)
-            return key, taken
+            for key in sorted(ready, key=lambda k: min(item.deadline for item in self.queues[k])):
+                queue = self.queues[key]
+                rows = self._rows(key, queue[0].level, now)
+                chosen = list(itertools.islice(queue, min(rows, len(queue))))
+                if fits is None or fits(key, chosen):
+                    return key, self._taken(key, chosen)
+            return None
         account = self.shares.account
         ranks = {
             k: min((self.level(i), account(i.tenant), i.deadline) for i in self.queues[k])
             for k in ready
         }
-        key = min(ready, key=ranks.__getitem__)
-        # (a batch promoted for its overtakes runs first, but still short while queries come)
-        own = min(item.level for item in self.queues[key])
-        taken = self._fill(key, self._rows(key, own, now))
-        for item in taken:
+        for key in sorted(ready, key=ranks.__getitem__):
+            # (a batch promoted for its overtakes runs first, but still short while queries come)
+            own = min(item.level for item in self.queues[key])
+            chosen = self._fill(key, self._rows(key, own, now))
+            if fits is None or fits(key, chosen):
+                taken = self._taken(key, chosen)
+                self._passed_over(ready, ranks[key][0])
+                return key, taken
+        return None
+
+    def _taken(self, key: BucketKey, chosen: list[Pending]) -> list[Pending]:
+        """`chosen` out of the key's queue, charged to their tenants."""
+        picked = set(map(id, chosen))
+        self.queues[key] = deque(item for item in self.queues[key] if id(item) not in picked)
+        for item in chosen:
             self.shares.charge(item.tenant, len(item.sequence))
-        self._left(taken)
-        self._passed_over(ready, ranks[key][0])
-        return key, taken
+        self._left(chosen)
+        return chosen
 
     def _passed_over(self, ready: list[BucketKey], best: int) -> None:
         """A batch of level `best` ran: the batch that would have run in arrival order (the
@@ -205,15 +218,15 @@ class BucketQueues:
         return key.rows
 
     def _fill(self, key: BucketKey, rows: int) -> list[Pending]:
-        """Up to `rows`, out of the key's queue: the best levels first; within a level, one
-        sequence at a time to the tenant furthest behind, counting what the batch already
-        gives it; each tenant's in the order they came."""
+        """Up to `rows`, of the key's queue (left in it): the best levels first; within a
+        level, one sequence at a time to the tenant furthest behind, counting what the batch
+        already gives it; each tenant's in the order they came."""
         queue = self.queues[key]
         classes: dict[tuple[int, str], deque[Pending]] = {}
         for item in queue:
             classes.setdefault((self.level(item), item.tenant), deque()).append(item)
         if len(classes) == 1:  # (the common case: first come, first served)
-            return [queue.popleft() for _ in range(min(rows, len(queue)))]
+            return list(itertools.islice(queue, min(rows, len(queue))))
         accounts = {tenant: self.shares.account(tenant) for _, tenant in classes}
         taken: list[Pending] = []
         while len(taken) < rows and classes:
@@ -225,11 +238,16 @@ class BucketQueues:
                 del classes[(level, tenant)]
             taken.append(item)
             accounts[tenant] += len(item.sequence) / self.shares.weight(tenant)
-        chosen = set(map(id, taken))
-        self.queues[key] = deque(item for item in queue if id(item) not in chosen)
         return taken
 
-    def next_ready_at(self) -> float | None:
-        """When the earliest waiting key reaches its max delay (None when nothing waits)."""
-        starts = [q[0].enqueued for q in self.queues.values() if q]
-        return min(starts) + self.max_delay if starts else None
+    def next_ready_at(self, now: float) -> float | None:
+        """When the next key not ready now reaches its max delay, or the next deadline of a
+        sequence waiting passes (None when nothing waits): a ready key left queued waits for
+        room, not for time."""
+        wakes = [
+            q[0].enqueued + self.max_delay
+            for k, q in self.queues.items()
+            if q and not self._ready(k, q, now)
+        ]
+        wakes += [min(item.deadline for item in q) for q in self.queues.values() if q]
+        return min(wakes) if wakes else None

@@ -42,6 +42,7 @@ import numpy as np
 from bucketserve.core.bucketing import BucketKey, BucketPlan
 from bucketserve.core.layout import Outputs
 from bucketserve.core.lifecycle import Lifecycle
+from bucketserve.core.memory import Held, MemoryBudget
 from bucketserve.core.queues import (
     DEFAULT_MAX_OVERTAKES,
     BucketQueues,
@@ -126,6 +127,7 @@ class Scheduler:
         shares: Shares | None = None,
         max_overtakes: int = DEFAULT_MAX_OVERTAKES,
         reuse: Reuse | None = None,
+        memory: MemoryBudget | None = None,
     ) -> None:
         """`capacity`: sequences that may wait at once. `instances`: batches that may run at
         once, each in its own worker thread, on the model's one set of weights. `tracing`:
@@ -133,7 +135,8 @@ class Scheduler:
         name and version) on every batch. `lifecycle`: the engine's, whose drain it obeys.
         `shares`: the tenants' weights; `max_overtakes`: how often a sequence may be passed
         over for a better level; `reuse`: the answers' reuse, where the model's cannot depend on
-        what they ran with (None: every sequence runs)."""
+        what they ran with (None: every sequence runs); `memory`: the budget every batch the
+        process runs at once shares (a batch starts only when it fits)."""
         self.model = model
         self.capacity = capacity
         self.queues = BucketQueues(max_delay_s, max_overtakes, shares or Shares())
@@ -157,6 +160,7 @@ class Scheduler:
         self._running: set[asyncio.Task[None]] = set()
         self._worker = ThreadPoolExecutor(instances, thread_name_prefix=f"run-{model.name}")
         self._failures = Throttled(log)
+        self.memory = memory or MemoryBudget(None)
 
     @property
     def depth(self) -> int:
@@ -363,12 +367,14 @@ class Scheduler:
     # -- batches ----------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Form and run batches, forever (until cancelled)."""
+        """Form and run batches, forever (until cancelled): each when an instance is free
+        and the memory it needs fits beside the batches running."""
+        unwatch = self.memory.watch(self._arrived.set)  # (memory given back: look again)
         try:
             while True:
                 await self._free.acquire()
                 try:
-                    key, items = await self._next_batch()
+                    key, items, held = await self._next_batch()
                 except BaseException:
                     self._free.release()
                     raise
@@ -381,11 +387,13 @@ class Scheduler:
                 if every_core:  # the other instances, all free, wait for it: it has their cores
                     for _ in range(self._instances - 1):
                         await self._free.acquire()
-                held = [self._idle.pop() for _ in range(self._instances if every_core else 1)]
-                task = asyncio.create_task(self._execute(key, items, lone, held[0]))
+                taken = [self._idle.pop() for _ in range(self._instances if every_core else 1)]
+                task = asyncio.create_task(self._execute(key, items, lone, taken[0]))
                 self._running.add(task)
-                task.add_done_callback(functools.partial(self._finished, held))
+                task.add_done_callback(functools.partial(self._finished, taken, held))
         finally:
+            unwatch()
+            self.memory.forget(self)
             for task in self._running:
                 task.cancel()
             self._worker.shutdown(wait=False, cancel_futures=True)
@@ -398,26 +406,41 @@ class Scheduler:
             self.requests_waiting -= 1
             self.requests_running += 1
 
-    def _finished(self, held: list[int], task: asyncio.Task[None]) -> None:
-        """A batch is done: its instances are free again."""
-        self._idle += held
-        for _ in held:
+    def _finished(self, instances: list[int], held: Held, task: asyncio.Task[None]) -> None:
+        """A batch is done: its instances and its memory are free again."""
+        self._idle += instances
+        for _ in instances:
             self._free.release()
         self._running.discard(task)
+        self.memory.end(held)
         self._settle_if_idle()
 
-    async def _next_batch(self) -> tuple[BucketKey, list[Pending]]:
+    async def _next_batch(self) -> tuple[BucketKey, list[Pending], Held]:
+        """The next batch that may start, with the memory it holds from now: a ready key
+        whose batch does not fit beside those running waits (claiming its room) while
+        others that may start go first."""
         while True:
             now = self._clock()
             self._drop(self.queues.purge(now))
-            batch = self.queues.take(now)
+            needs: dict[BucketKey, int] = {}
+            batch = self.queues.take(now, functools.partial(self._fits, needs))
             if batch is not None:
-                return batch
+                key, items = batch
+                self.memory.wait(self, {k: n for k, n in needs.items() if k != key})
+                return key, items, self.memory.start(needs[key], self, key)
+            self.memory.wait(self, needs)
             self._settle_if_idle()
             self._arrived.clear()
-            wake = self.queues.next_ready_at()
+            wake = self.queues.next_ready_at(now)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._arrived.wait(), None if wake is None else wake - now)
+
+    def _fits(self, needs: dict[BucketKey, int], key: BucketKey, items: list[Pending]) -> bool:
+        """Whether a batch of `items` under `key` may start now, by the memory it needs
+        (noted in `needs`, each key's as it was asked)."""
+        rows, length = self.model.batch_shape(key, [len(item.sequence) for item in items])
+        needs[key] = self.model.plan.need(rows, length)
+        return self.memory.may_start(needs[key], self, key)
 
     def _drop(self, dropped: dict[str, list[Pending]]) -> None:
         for reason, items in dropped.items():

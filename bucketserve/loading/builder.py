@@ -18,6 +18,7 @@ import dataclasses
 import functools
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,16 +32,24 @@ from bucketserve.core.task import Task
 from bucketserve.errors import ConfigError, brief
 from bucketserve.loading.batch_free import freed_spec
 from bucketserve.loading.calibration import calibrated
-from bucketserve.loading.check import Run, Traffic, measure, thread_difference
+from bucketserve.loading.check import (
+    Run,
+    Traffic,
+    guarded,
+    guarded_batches,
+    measure,
+    thread_difference,
+)
 from bucketserve.loading.config import TokenizerConfig
 from bucketserve.loading.fingerprint import fingerprint_of
-from bucketserve.loading.layouts import Served, layout_of
+from bucketserve.loading.layouts import Served, input_layout, layout_of
 from bucketserve.loading.mask_way import MaskWay, mask_of, mask_way, reads_input
 from bucketserve.loading.pad_safe import pad_safe_spec
 from bucketserve.loading.report import log_speed, log_verdict, pad_safe_report, served_config
 from bucketserve.loading.repository import (
     ModelSpec,
 )
+from bucketserve.loading.room import Room, footprint_of
 from bucketserve.loading.rules import Sources, task_rules
 from bucketserve.loading.served_file import default_cache_dir, served_graph
 from bucketserve.loading.speed import Speed, measure_speed
@@ -89,17 +98,23 @@ def build_model(
     cache_dir: Path | None = None,
     lone_batch_threads: int | None = None,
     fingerprint: str | None = None,
+    budget: int | None = None,
 ) -> Model:
-    """Load `spec`: the file its sessions share, its layout, the invariance check and the
-    policy it allows, the executor, then bind and warm the keys that the config asks for.
-    `binding` overrides the config's mode and binding (tests, benchmarks); `cache_dir` is
-    where session-per-key writes the weights its sessions share (default: the user's cache);
-    `lone_batch_threads`: threads of the runner for a batch that runs alone (None: none);
-    `fingerprint`: the spec's, where the caller read it already (`loading.fingerprint`)."""
+    """Load `spec`: the file its sessions share, what its batches need in memory, its layout,
+    the invariance check and the policy it allows, the executor, then bind and warm the keys
+    that the config asks for. `binding` overrides the config's mode and binding (tests,
+    benchmarks); `cache_dir` is where session-per-key writes the weights its sessions share
+    (default: the user's cache); `lone_batch_threads`: threads of the runner for a batch that
+    runs alone (None: none); `fingerprint`: the spec's, where the caller read it already
+    (`loading.fingerprint`); `budget`: the bytes every batch running at once may need
+    together (None: not bounded): nothing at load runs a batch that would not fit, and no
+    key holds more rows than fit alone."""
     began = time.perf_counter()
     fingerprint = fingerprint or fingerprint_of(spec)  # (the files as given, not a served copy)
     wanted = binding or (spec.config.binding if spec.config.mode == "bucketing" else "mutable")
-    checked, found = _served_copy(spec, wanted, cache_dir or default_cache_dir())
+    cache = cache_dir or default_cache_dir()
+    room = Room(budget, footprint_of(spec, wanted, cache, budget))
+    checked, found = _served_copy(spec, wanted, cache, room)
     spec, config, served = checked.spec, checked.spec.config, checked.served
     tokenizer = (
         load_tokenizer(spec.tokenizer_path, config.tokenizer.max_length)
@@ -109,7 +124,7 @@ def build_model(
     pad_id = int(config.inputs[config.sequence_input].pad_value)
     sources = Sources(spec, served.layout, special_tokens(tokenizer), pad_id, tokenizer is not None)
     served_tasks = task_rules(sources)
-    plan, speed = _planned(checked)
+    plan, speed = _planned(checked, room)
     executor, lone = _runners(checked, wanted, plan, lone_batch_threads)
     described = served_config(  # (the providers in use: the load session's are the same)
         spec,
@@ -124,6 +139,7 @@ def build_model(
     )
     if lone is not None:
         described["lone_batch_threads"] = lone_batch_threads
+    described["memory"] = room.described(spec, plan, checked.graph.arena)
     if speed is not None:
         found["speed"] = speed.described()
     described["check"] |= found
@@ -133,7 +149,9 @@ def build_model(
         version=spec.version,
         layout=served.layout,
         plan=plan,
-        rules=served.rules,
+        # (a sequence is read up to the longest bucket; one past what fits in memory is
+        # refused after, with the memory's reasons, not the length's)
+        rules=dataclasses.replace(served.rules, max_length=batching.longest),
         max_queue_delay_s=batching.max_queue_delay_ms / 1000,
         queue_capacity=batching.queue_capacity,
         invariance=checked.invariance,
@@ -185,17 +203,19 @@ def _overlap(config: TokenizerConfig | None, tokenizer: Tokenizer | None) -> int
     return config.window_overlap
 
 
-def _served_copy(spec: ModelSpec, wanted: str, cache: Path) -> tuple[_Checked, dict[str, Any]]:
+def _served_copy(
+    spec: ModelSpec, wanted: str, cache: Path, room: Room
+) -> tuple[_Checked, dict[str, Any]]:
     """The check of `spec`, then of the copies that may serve it better (a batch-1
     declaration freed, RNNs given each row's length): the one served, and what was found
-    (for the config route's `check`)."""
-    checked = _checked(spec, wanted, cache)
+    (for the config route's `check`). The copies need what the original needs in memory."""
+    checked = _checked(spec, wanted, cache, room)
     found: dict[str, Any] = {}
     if checked.mask.found is not None:
         found["mask"] = checked.mask.found
     auto = spec.config.batching.policy == "auto"
     if spec.axes.batch_fixed and not spec.axes.unbatched and auto:
-        checked, found["batch_freed"] = _batch_freed(checked, wanted, cache)
+        checked, found["batch_freed"] = _batch_freed(checked, wanted, cache, room)
     spec = checked.spec
     if (
         checked.invariance.policy is Policy.EXACT_LENGTH
@@ -203,7 +223,7 @@ def _served_copy(spec: ModelSpec, wanted: str, cache: Path) -> tuple[_Checked, d
         and (safe := pad_safe_spec(spec, cache, checked.graph.path, checked.served)) is not None
     ):
         try:
-            again = _checked(safe[0], wanted, cache, checked.mask)
+            again = _checked(safe[0], wanted, cache, room, checked.mask)
         except Exception as exc:  # a ConfigError, or ONNX Runtime refusing the rewritten copy
             log.warning(
                 "model %s: %s given each row's length fails the check (%s): the model is served "
@@ -226,19 +246,27 @@ def _served_copy(spec: ModelSpec, wanted: str, cache: Path) -> tuple[_Checked, d
     return checked, found
 
 
-def _planned(checked: _Checked) -> tuple[BucketPlan, Speed | None]:
-    """The bucket plan at the policy the check allows (or the config sets), said in the log;
-    where it batches exactly and the config leaves it to the check, whether batching pays
-    (one sequence a run where it does not)."""
+def _planned(checked: _Checked, room: Room) -> tuple[BucketPlan, Speed | None]:
+    """The bucket plan at the policy the check allows (or the config sets), said in the log,
+    up to the longest length whose batch of one fits the memory budget, no key holding more
+    rows than fit; where it batches exactly and the config leaves it to the check, whether
+    batching pays (one sequence a run where it does not)."""
     spec, served, invariance = checked.spec, checked.served, checked.invariance
     batching, rules = spec.config.batching, served.rules
     policy = invariance.policy if batching.policy == "auto" else Policy(batching.policy)
     if served.single is not None:  # no config makes a model batch that cannot
         policy = Policy.SINGLE
     log_verdict(spec.name, invariance, policy, batching.policy, checked.failures, served.single)
-    edges = sorted({round_up(edge, rules.multiple) for edge in batching.edges})
+    longest = room.longest(spec) // rules.multiple * rules.multiple or rules.multiple
+    edges = sorted({min(round_up(e, rules.multiple), longest) for e in room.edges(spec)})
     plan = BucketPlan(
-        tuple(edges), batching.max_batch_size, batching.max_batch_tokens, policy, rules.multiple
+        tuple(edges),
+        batching.max_batch_size,
+        batching.max_batch_tokens,
+        policy,
+        rules.multiple,
+        room.footprint,
+        room.budget,
     )
     if batching.policy != "auto" or policy is Policy.SINGLE:
         return plan, None
@@ -268,12 +296,14 @@ def _runners(
     return executor, lone
 
 
-def _batch_freed(checked: _Checked, binding: str, cache: Path) -> tuple[_Checked, dict[str, Any]]:
+def _batch_freed(
+    checked: _Checked, binding: str, cache: Path, room: Room
+) -> tuple[_Checked, dict[str, Any]]:
     """A model declared for a batch of 1: its copy with the declaration freed, checked, and
     served where the check finds it batches exactly (`batch_free`); else the original."""
     name = checked.spec.name
     try:
-        again = _checked(freed_spec(checked.spec, cache), binding, cache, checked.mask)
+        again = _checked(freed_spec(checked.spec, cache), binding, cache, room, checked.mask)
     except Exception as exc:  # a ConfigError, or ONNX Runtime refusing the freed copy
         log.warning(
             "model %s: with its batch-1 declaration freed, its copy fails the check (%s): "
@@ -315,37 +345,41 @@ class _Checked:
 
 
 def _checked(
-    spec: ModelSpec, binding: str, cache_dir: Path, mask: MaskWay | None = None
+    spec: ModelSpec, binding: str, cache_dir: Path, room: Room, mask: MaskWay | None = None
 ) -> _Checked:
     """The file `spec`'s sessions load, one session on it for load time, the layout found by
     running it, its mask fed the way `mask` says (None: the original graph, whose mask's way
-    is decided here, `mask_way`), and the invariance check. ConfigError for a model that does
-    not read its input."""
+    is decided here, `mask_way`), and the invariance check, each running only shapes serving
+    may run (`room`). ConfigError for a model that does not read its input."""
     static = binding == "session-per-key"
-    graph = served_graph(spec, cache_dir, static)
+    graph = dataclasses.replace(served_graph(spec, cache_dir, static), arena=room.arena(spec))
     # One session for what load time runs (probes, the check). Session-per-key shares the
     # memmapped weights, so this one does too (no private copy); otherwise it is the session
     # the executor keeps.
     session = create_session(graph, weights=SharedWeights(graph.path) if static else None)
-    run = functools.partial(run_all, session)
-    served = layout_of(spec, run)
+    inputs = input_layout(spec)
+    run = guarded(spec.name, functools.partial(run_all, session), inputs, room.allows(spec))
+    served = layout_of(spec, run, room.longest(spec), room.rows_at(spec))
     began = time.perf_counter()
     tolerance = spec.config.batching.tolerance
     if mask is None:
         mask = mask_way(spec, served.layout, served.rules, run, tolerance)
     served = dataclasses.replace(served, layout=mask.applied(served.layout))
+    together = functools.partial(run_bound, session, served.layout)
     invariance, failures = measure(
         spec.name,
         run,
-        functools.partial(run_bound, session, served.layout),
+        guarded_batches(spec.name, together, room.allows(spec)),
         served.layout,
         served.rules,
-        spec.config.batching.edges,
+        room.edges(spec),
         tolerance,
         batched=served.single is None,
-        traffic=traffic_of(spec, served.rules),
+        traffic=traffic_of(spec, served.rules, room.rows_at(spec)),
         full=spec.config.batching.policy != "auto",  # (a forced policy: its bound is said)
+        rows_at=room.rows_at(spec),
     )
+
     if not reads_input(invariance):
         raise ConfigError(
             f"model {spec.name}: answers the same whatever the sequence (different sequences "
@@ -357,16 +391,19 @@ def _checked(
     return _Checked(spec, graph, session, served, invariance, failures, seconds, mask)
 
 
-def traffic_of(spec: ModelSpec, rules: SequenceRules) -> Traffic:
+def traffic_of(
+    spec: ModelSpec, rules: SequenceRules, rows_at: Callable[[int], int] | None = None
+) -> Traffic:
     """Sequences like `spec`'s traffic for the check: its texts (a classifier that takes token
-    types is sent pairs), or random valid sequences for a model without a tokenizer."""
+    types is sent pairs), or random valid sequences for a model without a tokenizer; a full
+    batch as the config and `rows_at` (the memory budget) allow."""
     config = spec.config
     tokenizer = None
     if spec.tokenizer_path is not None and config.tokenizer is not None:
         tokenizer = load_tokenizer(spec.tokenizer_path, config.tokenizer.max_length)
     roles = {i.role for i in config.inputs.values()}
     pairs = config.classifier is not None and InputRole.TOKEN_TYPES in roles
-    return traffic(rules, config.batching, tokenizer, pairs)
+    return traffic(rules, config.batching, tokenizer, pairs, rows_at)
 
 
 def lone_runner(

@@ -39,6 +39,7 @@ runs alone gets): its batches against the first session's runs of each sequence 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -102,6 +103,46 @@ def difference(together: np.ndarray, alone: np.ndarray) -> float:
     return float(np.nan_to_num(gap, nan=np.inf).max(initial=0.0))
 
 
+class OutsideServing(Exception):
+    """A load-time run of a shape serving never runs (more rows or steps than the batch
+    tokens or the memory budget allow): refused, so that it is never run."""
+
+
+Allows = Callable[[int, int], bool]  # (rows, length) -> whether serving may run it
+
+
+def guarded(name: str, run: Run, inputs: Layout, allows: Allows) -> Run:
+    """`run`, every shape it is asked logged (at debug: "load runs R x T") and refused when
+    serving would not run it."""
+    tensor = inputs.sequence.tensor
+
+    def checked(feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        shape = feeds[tensor.name].shape
+        rows = 1 if tensor.batch_axis is None else shape[tensor.batch_axis]
+        length = 1 if tensor.time_axis is None else shape[tensor.time_axis]
+        _allowed(name, allows, rows, length)
+        return run(feeds)
+
+    return checked
+
+
+def guarded_batches(name: str, together: BatchRun, allows: Allows) -> BatchRun:
+    """`together`, as `guarded`."""
+
+    def checked(feeds: Mapping[str, np.ndarray], rows: int, length: int) -> dict[str, np.ndarray]:
+        _allowed(name, allows, rows, length)
+        return together(feeds, rows, length)
+
+    return checked
+
+
+def _allowed(name: str, allows: Allows, rows: int, length: int) -> None:
+    log.debug("model %s: load runs %d x %d", name, rows, length)
+    if not allows(rows, length):
+        log.error("model %s: load asked for %d x %d, which serving never runs", name, rows, length)
+        raise OutsideServing(f"{rows} x {length} is a batch serving never runs")
+
+
 def plainly(run: Run) -> BatchRun:
     """`run` as a BatchRun (it needs no shape)."""
     return lambda feeds, rows, length: run(feeds)
@@ -160,7 +201,7 @@ class _Runs:
         except Exception as exc:  # a batch the model cannot run is one it cannot be served
             # (the runtime's own words to the log; the config route gets the server's)
             log.warning("model %s: %s (%d x %d) failed: %s", self.name, what, rows, length, exc)
-            self.failures.append(f"{what} ({rows} x {length}) failed in the runtime")
+            self.failures.append(f"{what} ({rows} x {length}) {failed_because(exc)}")
             return float("inf")
         return max(
             difference(t[name], a[name])
@@ -168,6 +209,17 @@ class _Runs:
             for a in [self.alone(seq)]
             for name in a
         )
+
+
+def failed_because(exc: Exception) -> str:
+    """How a run failed, as the server says it: for memory, with the bytes the runtime asked
+    for (its own words stay in the log)."""
+    asked = re.search(r"allocate[^0-9]*?(\d{6,})", str(exc))
+    if asked is not None:
+        return f"failed for memory: the runtime could not allocate {int(asked[1]) / 2**30:.2f} GiB"
+    if "alloc" in str(exc).lower():
+        return "failed for memory: the runtime could not allocate what it asked for"
+    return "failed in the runtime"
 
 
 def measure(
@@ -181,10 +233,13 @@ def measure(
     batched: bool = True,
     traffic: Traffic | None = None,
     full: bool = False,
+    rows_at: Callable[[int], int] | None = None,
 ) -> tuple[Invariance, list[str]]:
     """What padding and batching do to the model, and any batch it could not run at all
     (`batched` False: a model that runs one sequence at a time, only run alone; `traffic`:
-    sequences like the traffic's, in place of random ones; `full`: its full batches too).
+    sequences like the traffic's, in place of random ones; `full`: its full batches too;
+    `rows_at`: the most rows a batch of each length may hold, as serving runs them, within
+    the batch tokens and the memory budget: no round runs more).
 
     Each round's sequences, of one length, are run alone, together unpadded (batching), and
     together padded to their bucket's edge or further with a pad row (padding): three short
@@ -192,16 +247,19 @@ def measure(
     batch of mixed lengths, the shortest padded to the longest bucket. Every sequence is also
     run alone the way serving runs it: a model that answers otherwise there cannot be served
     (ConfigError). 21 runs in all (a model that runs one sequence at a time runs a second
-    sequence of each round alone too: the spread is between two).
+    sequence of each round alone too: the spread is between two). A round whose batch would
+    be more rows than `rows_at` allows there runs what it allows (a batch of one measures
+    nothing of batching: then only its sequences alone).
     """
     runs = _Runs(name, run, layout, rules, together)
     rng = np.random.default_rng(0)
     lo, hi = rules.min_length, rules.max_length
     short = min(hi, lo + SHORT - 1)
+    allowed = rows_at or (lambda length: 1 << 30)
 
     def padded_to(length: int) -> int:
-        edge = edges[int(np.searchsorted(edges, length))]
-        return max(edge, min(hi, length + max(8, length // 4)))
+        edge = edges[int(np.searchsorted(edges, length))] if length <= edges[-1] else hi
+        return max(min(edge, hi), min(hi, length + max(8, length // 4)))
 
     padding = batching = spread = 0.0
     mixed: list[np.ndarray] = []
@@ -216,38 +274,63 @@ def measure(
         )
         served = runs.worst(sequences[:1], 1, length, "a sequence alone")
         if not served <= tolerance:
-            raise ConfigError(
-                f"model {name}: run the way the server runs it (into buffers bound at its "
-                f"shape), a sequence of {length} steps alone answers "
-                + (
-                    f"otherwise than a plain run (by {served:.3g})"
-                    if np.isfinite(served)
-                    else f"not at all ({runs.failures[-1]})"
-                )
-                + ": its declared outputs cannot hold what it computes"
-            )
+            raise ConfigError(_unserved(name, length, served, runs.failures))
         spread = max(spread, runs.apart(sequences[:2]))
         if not batched:
             continue
-        batching = max(batching, runs.worst(sequences, rows, length, "an unpadded batch"))
-        if rules.run_length(padded_to(length)) > rules.run_length(length):
-            padding = max(
-                padding, runs.worst(sequences, rows + 1, padded_to(length), "a padded batch")
+        fits = min(rows, allowed(rules.run_length(length)))
+        if fits >= 2:
+            batching = max(
+                batching, runs.worst(sequences[:fits], fits, length, "an unpadded batch")
             )
+        longer = rules.run_length(padded_to(length))
+        fits = min(rows, allowed(longer) - 1)
+        if longer > rules.run_length(length) and fits >= 1:
+            padding = max(padding, runs.worst(sequences[:fits], fits + 1, longer, "a padded batch"))
         mixed.append(sequences[0] if length < hi else sequences[1])
     if not batched:
         return Invariance(float("inf"), float("inf"), tolerance, spread), runs.failures
     mixed = sorted(mixed, key=len)
-    if len(mixed[0]) < hi:
-        padding = max(padding, runs.worst(mixed, len(mixed) + 1, hi, "a padded batch"))
+    # (padded to the longest length its rows may run at: the longest bucket where they fit)
+    reach = max(
+        (n for n in (*edges, hi) if len(mixed[-1]) <= n <= hi and allowed(n) > len(mixed)),
+        default=0,
+    )
+    if len(mixed[0]) < reach:
+        padding = max(padding, runs.worst(mixed, len(mixed) + 1, reach, "a padded batch"))
     if traffic is not None and full:
-        moved = _traffic_rounds(runs, traffic, edges, rng)
+        moved = _traffic_rounds(runs, traffic, [e for e in edges if e <= hi], rng, allowed)
         batching, padding = max(batching, moved[0]), max(padding, moved[1])
     return Invariance(padding, batching, tolerance, spread), runs.failures
 
 
+def _unserved(name: str, length: int, served: float, failures: list[str]) -> str:
+    """Why a model whose sequence alone, run as serving runs it, answers otherwise (or not at
+    all) cannot be served: a runtime's failure for memory says memory."""
+    if np.isfinite(served):
+        how = f"otherwise than a plain run (by {served:.3g})"
+        cause = "its declared outputs cannot hold what it computes"
+    elif "for memory" in failures[-1]:
+        how = f"not at all ({failures[-1]})"
+        cause = (
+            "serve it at a shorter length (a smaller max_length, or `long_inputs = "
+            '"windows"`), or give it more memory'
+        )
+    else:
+        how = f"not at all ({failures[-1]})"
+        cause = "the log says what the runtime refused"
+    return (
+        f"model {name}: run the way the server runs it (into buffers bound at its shape), a "
+        f"sequence of {length} steps alone answers {how}: {cause}"
+    )
+
+
 def _traffic_rounds(
-    runs: _Runs, traffic: Traffic, edges: Sequence[int], rng: np.random.Generator
+    runs: _Runs,
+    traffic: Traffic,
+    edges: Sequence[int],
+    rng: np.random.Generator,
+    allowed: Callable[[int], int],
 ) -> tuple[float, float]:
     """(batching, padding): a full batch of traffic-like sequences of one length at a middle
     bucket's edge, unpadded; and full batches of natural lengths (each within its bucket,
@@ -256,7 +339,7 @@ def _traffic_rounds(
     middle = edges[(len(edges) - 1) // 2]
 
     def rows(edge: int) -> int:
-        return max(2, min(TRAFFIC_ROWS, traffic.rows(edge)))
+        return min(max(2, min(TRAFFIC_ROWS, traffic.rows(edge))), allowed(edge))
 
     length = rules.run_length(max(rules.min_length, middle))
     same = traffic.sequences([length] * rows(length), 21)

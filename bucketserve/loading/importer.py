@@ -20,20 +20,27 @@ its labels per token. Named prompts in `config_sentence_transformers.json` becom
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import onnx
 
+from bucketserve.core.memory import MemoryBudget
 from bucketserve.core.model import Model
 from bucketserve.errors import ConfigError
+from bucketserve.loading import room
 from bucketserve.loading.builder import build_model, load_tokenizer
+from bucketserve.loading.planner import bucket_edges
 from bucketserve.loading.repository import CONFIG_FILE, MODEL_FILE, load_model_spec
+from bucketserve.loading.served_file import default_cache_dir
+from bucketserve.settings import Settings
 
 ROLES = {"input_ids": "tokens", "attention_mask": "mask", "token_type_ids": "token_types"}
 POOLING_MODES = {  # 1_Pooling/config.json's flags -> the embedding rule's pooling
@@ -52,7 +59,6 @@ POSITION_OFFSET = {"roberta": 2, "xlm-roberta": 2, "camembert": 2, "mpnet": 2, "
 # sentence-transformers' module class names, as modules.json names them: before 6.0 all in
 # this package; since, each in its own (`...base.modules.normalize.Normalize`): read by class.
 MODULE = "sentence_transformers.models."
-SHORTEST_EDGE = 16
 
 
 @dataclass(frozen=True)
@@ -327,21 +333,6 @@ def _pooling_modes(pooling_config: dict[str, Any]) -> list[str]:
     return [f for f, on in pooling_config.items() if f.startswith("pooling_mode_") and on is True]
 
 
-def bucket_edges(longest: int) -> list[int]:
-    """Edges from 16 up to `longest`: 8 tokens apart up to 64, then the step doubles each
-    time the edge reaches eight steps (16 apart to 128, 32 to 256, ...): past 64 tokens a
-    bucket is 1/8 to 1/4 longer than the one before. Where a sequence costs the most, its
-    padding does too: with buckets 1.5 times the one before, a rerank load of passages
-    (median ~65 tokens) ran 0.88x a server that runs one pair at a time; with these, 0.99x."""
-    edges, step, edge = [], 8, SHORTEST_EDGE
-    while edge < longest:
-        edges.append(edge)
-        if edge >= 8 * step:
-            step *= 2
-        edge += step
-    return [*edges, longest]
-
-
 def config_text(export: Export, source: Path) -> str:
     """The entry's config.toml."""
     edges = bucket_edges(export.max_length)
@@ -436,10 +427,20 @@ class Imported:
     notes: list[str]
 
 
-def import_model(folder: Path, models: Path, name: str | None = None) -> Imported:
+def import_model(
+    folder: Path,
+    models: Path,
+    name: str | None = None,
+    memory_budget: str | None = None,
+    verify: Callable[[int], str] | None = None,
+) -> Imported:
     """Write the entry `models/<name>` (config.toml, 1/model.onnx with its weights, 1/
-    tokenizer.json) and load it as the server would at start. When it does not load, nothing
-    is left behind and ConfigError says why."""
+    tokenizer.json) and load it as the server would at start, within the memory budget
+    (`memory_budget`, as --memory-budget says it; default: what the machine or container
+    leaves): a model whose context is longer than a batch of one fits is imported at the
+    longest length that fits, and said. `verify`: a check of the export up to the length
+    imported (a note back, or ConfigError). When it does not load, nothing is left behind
+    and ConfigError says why."""
     export = read_export(folder)
     name = name or entry_name(folder)
     entry = models / name
@@ -462,11 +463,42 @@ def import_model(folder: Path, models: Path, name: str | None = None) -> Importe
         staging.rename(entry)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+    notes = list(export.notes)
     try:
         spec = load_model_spec(entry)
         assert spec is not None  # (it has a version folder)
-        model = build_model(spec)
+        budget = room.memory_budget(Settings(memory_budget=memory_budget), [spec])
+        fits = room.Room(
+            budget.total,
+            room.footprint_of(spec, spec.config.binding, default_cache_dir(), budget.total),
+        )
+        longest = fits.longest(spec)
+        if longest < export.max_length:
+            notes.append(_cut_note(export.max_length, longest, fits, budget))
+            export = dataclasses.replace(export, max_length=longest)
+            config = config_text(export, folder)
+            (entry / CONFIG_FILE).write_text(config, encoding="utf-8")
+            spec = load_model_spec(entry)
+            assert spec is not None
+        if verify is not None:
+            notes.append(verify(longest))
+        model = build_model(spec, budget=budget.total)
     except BaseException:
         shutil.rmtree(entry, ignore_errors=True)
         raise
-    return Imported(entry, config, model, export.notes)
+    return Imported(entry, config, model, notes)
+
+
+def _cut_note(declared: int, longest: int, fits: room.Room, budget: MemoryBudget) -> str:
+    """What import says of a context cut to what the memory budget allows, and the fix."""
+    assert fits.footprint is not None
+    assert budget.total is not None
+    need = fits.footprint.need(1, declared)
+    return (
+        f"the model takes {declared} tokens, but one text that long would need about "
+        f"{need / 2**30:.1f} GiB to run, more than the memory budget here "
+        f"({budget.total / 2**30:.2f} GiB, from {budget.source}): imported at {longest} "
+        "tokens, the longest that fits. To serve longer texts, give the server more memory "
+        "(--memory-budget, or the container's limit), then raise [tokenizer] max_length and "
+        f"the last of [batching] buckets in config.toml (up to {declared})"
+    )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from bucketserve.core.layout import Input, InputRole, Layout, Tensor
@@ -46,10 +47,9 @@ class Served:
     single: str | None  # why it must run one sequence at a time, if it must (`probe`)
 
 
-def layout_of(spec: ModelSpec, run: Run) -> Served:
-    """The request path's view of the graph's tensors (roles, dtypes, batch and time axes,
-    each output's steps) and the rules a sequence follows, from the graph and from running the
-    model (`run`, a plain run of every output)."""
+def input_layout(spec: ModelSpec) -> Layout:
+    """The inputs' layout from the graph and the config alone (no output yet): what collates
+    a batch before anything is known of what the model answers."""
     sig, axes, config = spec.signature, spec.axes, spec.config
     inputs = tuple(
         _constant(sig.inputs[name], cfg.value)
@@ -61,9 +61,24 @@ def layout_of(spec: ModelSpec, run: Run) -> Served:
         )
         for name, cfg in config.inputs.items()
     )
-    rules = sequence_rules(spec)
-    found = probe(spec, run, Layout(inputs, ()), rules)
-    layout = Layout(inputs, tuple(found.outputs[name] for name in config.outputs))
+    return Layout(inputs, ())
+
+
+def layout_of(
+    spec: ModelSpec,
+    run: Run,
+    longest: int | None = None,
+    rows_at: Callable[[int], int] | None = None,
+) -> Served:
+    """The request path's view of the graph's tensors (roles, dtypes, batch and time axes,
+    each output's steps) and the rules a sequence follows, from the graph and from running the
+    model (`run`, a plain run of every output) at lengths up to `longest` (default: the
+    longest bucket; less where a longer batch of one would not fit the memory budget), each
+    length with at most `rows_at(length)` rows."""
+    inputs = input_layout(spec)
+    rules = sequence_rules(spec, longest)
+    found = probe(spec, run, inputs, rules, rows_at)
+    layout = Layout(inputs.inputs, tuple(found.outputs[name] for name in spec.config.outputs))
     rules = dataclasses.replace(rules, min_length=found.min_length, multiple=found.multiple)
     return Served(layout, rules, found.single)
 
@@ -74,21 +89,21 @@ def layout_alone(spec: ModelSpec) -> Served:
     return layout_of(spec, functools.partial(run_all, session))
 
 
-def sequence_rules(spec: ModelSpec) -> SequenceRules:
-    """What a valid sequence is for this model, checked at the edge."""
+def sequence_rules(spec: ModelSpec, longest: int | None = None) -> SequenceRules:
+    """What a valid sequence is for this model, checked at the edge (`longest`: at most
+    that many steps, where less than the longest bucket)."""
     config = spec.config
+    longest = longest or config.batching.longest
     name = config.sequence_input
     cfg, tensor = config.inputs[name], spec.signature.inputs[name]
     axes = spec.axes.inputs[name]
     if cfg.role is InputRole.FEATURES:
         step = tuple(int(d) for i, d in enumerate(tensor.dims) if i not in axes.free())  # type: ignore[arg-type]
         row = _tensor(tensor, axes)
-        return SequenceRules(
-            tensor.dtype, config.batching.longest, step_shape=step, time_axis=row.row_time_axis
-        )
+        return SequenceRules(tensor.dtype, longest, step_shape=step, time_axis=row.row_time_axis)
     return SequenceRules(
         tensor.dtype,
-        config.batching.longest,
+        longest,
         vocab_size=cfg.vocab_size,
         reserved_ids=tuple(reserved_ids(spec)),
     )

@@ -14,6 +14,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from bucketserve.core.engine import Engine
+from bucketserve.core.memory import MemoryBudget
 from bucketserve.core.model import Model
 from bucketserve.core.registry import Registry
 from bucketserve.errors import ConfigError, LoadFailed
@@ -30,6 +31,7 @@ from bucketserve.loading.repository import (
     model_folders,
     not_loaded,
 )
+from bucketserve.loading.room import memory_budget
 from bucketserve.runtime.sessions import (
     init_process,
     lone_threads,
@@ -48,9 +50,10 @@ class Loader:
     start (`open_repository`), and whenever model control loads one (`bucketserve.control`).
     A load that fails is worded once, by `load_failure`, whichever asked for it."""
 
-    def __init__(self, settings: Settings, lone: int | None) -> None:
+    def __init__(self, settings: Settings, lone: int | None, budget: int | None = None) -> None:
         self.settings = settings
         self.lone = lone  # threads of the runner for a batch that runs alone, if any
+        self.budget = budget  # the bytes every batch running at once may need (None: any)
         self.root = settings.models
         self._digests = Digests()
         self._built: dict[tuple[str, int], str] = {}  # each version's fingerprint, as built
@@ -99,6 +102,7 @@ class Loader:
                 settings.cache_dir,
                 self.lone,
                 fingerprint,
+                self.budget,
             )
         except ConfigError:
             raise
@@ -158,6 +162,7 @@ class Opened:
     registry: Registry
     loader: Loader
     instances: int  # batches of one model that may run at once
+    memory: MemoryBudget  # what every batch running at once may need, the models' plans' own
 
 
 def open_repository(settings: Settings) -> Opened:
@@ -178,7 +183,9 @@ def open_repository(settings: Settings) -> Opened:
         ),
     )
     init_process(threads)  # before the first session: the pool is the process's
-    loader = Loader(settings, lone_threads(settings.lone_batch_threads, instances, threads))
+    memory = memory_budget(settings, [s for specs in repository.models.values() for s in specs])
+    lone = lone_threads(settings.lone_batch_threads, instances, threads)
+    loader = Loader(settings, lone, memory.total)
     versions: dict[str, dict[int, Model]] = {}
     failed = {name: load_failure(name, exc) for name, exc in repository.failed.items()}
     for name, specs in repository.models.items():
@@ -193,7 +200,7 @@ def open_repository(settings: Settings) -> Opened:
     shown = {name: for_clients(error, settings.models) for name, error in failed.items()}
     aliases = served_names(settings.served_model_name, repository.default_model)
     registry = Registry(versions, repository.default_model, shown, repository.unbuilt, aliases)
-    return Opened(registry, loader, instances)
+    return Opened(registry, loader, instances, memory)
 
 
 def served_names(given: str | None, default: str | None) -> dict[str, str]:
@@ -220,7 +227,7 @@ def load_engine(
     if not isinstance(settings, Settings):
         settings = Settings(models=Path(settings))
     opened = open_repository(settings)
-    return Engine(opened.registry, settings, opened.instances, tracing)
+    return Engine(opened.registry, settings, opened.instances, tracing, memory=opened.memory)
 
 
 def load_failure(name: str, exc: Exception) -> str:

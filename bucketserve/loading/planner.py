@@ -4,7 +4,10 @@ Pure arithmetic. A sequence of length L in a bucket with edge E computes E posit
 them padding. Given a sample of lengths and a number of keys K, `plan_edges` finds the K edges
 that minimise the expected padded positions, exactly, by dynamic programming over the distinct
 lengths (an optimal edge always sits on an observed length). `power_of_two_edges` is the usual
-hand-made alternative it is compared against.
+hand-made alternative it is compared against. `bucket_edges` is the ladder a model gets when
+no traffic is known (what `models import` writes), and `extended` carries a plan fitted to a
+sample up to a model's longest with it: past the traffic seen, a sequence still has a bucket
+near its own length, never one it shares with sequences many times shorter.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+SHORTEST_EDGE = 16
 
 
 @dataclass(frozen=True)
@@ -46,6 +51,31 @@ def padding_waste(lengths: Iterable[int], edges: Sequence[int]) -> float:
         raise ValueError(f"length {sample.max()} is longer than the last edge {edges[-1]}")
     padded_to = np.asarray(edges)[np.searchsorted(edges, sample)]
     return float((padded_to - sample).sum() / padded_to.sum())
+
+
+def bucket_edges(longest: int) -> list[int]:
+    """Edges from 16 up to `longest`: 8 tokens apart up to 64, then the step doubles each
+    time the edge reaches eight steps (16 apart to 128, 32 to 256, ...): past 64 tokens a
+    bucket is 1/8 to 1/4 longer than the one before. Where a sequence costs the most, its
+    padding does too: with buckets 1.5 times the one before, a rerank load of passages
+    (median ~65 tokens) ran 0.88x a server that runs one pair at a time; with these, 0.99x."""
+    edges, step, edge = [], 8, SHORTEST_EDGE
+    while edge < longest:
+        edges.append(edge)
+        if edge >= 8 * step:
+            step *= 2
+        edge += step
+    return [*edges, longest]
+
+
+def extended(edges: Sequence[int], longest: int, longest_seen: int) -> tuple[int, ...]:
+    """`edges` fitted to a sample and ending at `longest`: past the sample's longest, the
+    ladder of `bucket_edges` in place of the one bucket that reached `longest` (unchanged
+    where the fit padded the longest seen to `longest` itself)."""
+    fitted = [e for e in edges if e < longest]
+    if not fitted or fitted[-1] < longest_seen:
+        return tuple(edges)
+    return (*fitted, *(e for e in bucket_edges(longest) if e > fitted[-1]))
 
 
 def power_of_two_edges(max_length: int, smallest: int = 8) -> tuple[int, ...]:

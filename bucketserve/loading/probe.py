@@ -60,8 +60,16 @@ class _Failed(Exception):
 class _Shapes:
     """Output shapes of the model run on random sequences, each shape run once."""
 
-    def __init__(self, run: Run, inputs: Layout, rules: SequenceRules, names: list[str]) -> None:
+    def __init__(
+        self,
+        run: Run,
+        inputs: Layout,
+        rules: SequenceRules,
+        names: list[str],
+        rows_at: Callable[[int], int] | None = None,
+    ) -> None:
         self.run, self.inputs, self.rules, self.names = run, inputs, rules, names
+        self.rows_at = rows_at or (lambda length: 1 << 30)
         self._seen: dict[tuple[int, int], Shapes | str] = {}
 
     def at(self, rows: int, length: int) -> Shapes:
@@ -139,12 +147,21 @@ def verification_lengths(shortest: int, longest: int, edges: list[int]) -> list[
     return sorted({shortest, longest, *(e for e in edges if e >= shortest), *spread})
 
 
-def probe(spec: ModelSpec, run: Run, inputs: Layout, rules: SequenceRules) -> Probed:
-    """The shortest length, every output's axes and steps, and whether rows stay apart."""
+def probe(
+    spec: ModelSpec,
+    run: Run,
+    inputs: Layout,
+    rules: SequenceRules,
+    rows_at: Callable[[int], int] | None = None,
+) -> Probed:
+    """The shortest length, every output's axes and steps, and whether rows stay apart, from
+    runs up to `rules.max_length` and, at each length, of at most `rows_at(length)` rows
+    (the shapes serving may run; default: any)."""
     fail = functools.partial(ConfigError.at, spec.onnx_path)
     names = list(spec.config.outputs)
-    longest, edges = spec.config.batching.longest, spec.config.batching.edges
-    shapes = _Shapes(run, inputs, rules, names)
+    longest = rules.max_length
+    edges = [e for e in spec.config.batching.edges if e <= longest]
+    shapes = _Shapes(run, inputs, rules, names, rows_at)
     shortest = _shortest(shapes, longest, fail)
     multiple = _multiple(shapes, shortest, longest, edges, fail)
     if multiple > 1:
@@ -315,7 +332,8 @@ def _batch_axis(
 ) -> tuple[int | None, str | None]:
     """The dim of output `name` that counts the rows of a batch, or why there is none (then
     the model runs one sequence at a time)."""
-    points = [(2, lengths[0]), (3, lengths[-1])]
+    three = max((n for n in lengths if shapes.rows_at(n) >= 3), default=lengths[0])
+    points = [(2, lengths[0]), (3, three)]
     try:
         batched = [(rows, n, shapes.at(rows, n)[name], shapes.at(1, n)[name]) for rows, n in points]
     except _Failed as exc:

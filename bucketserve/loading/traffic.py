@@ -8,7 +8,7 @@ to each length asked, as a long text would be.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from tokenizers import Tokenizer
@@ -26,12 +26,15 @@ def traffic(
     batching: BatchingConfig,
     tokenizer: Tokenizer | None,
     pairs: bool,
+    rows_at: Callable[[int], int] | None = None,
 ) -> Traffic:
     """What the check's traffic-like rounds run for a model: texts through `tokenizer` (pairs
-    when `pairs`), else random valid sequences; a full batch's rows from the config."""
+    when `pairs`), else random valid sequences; a full batch's rows from the config, and no
+    more than `rows_at` (the memory budget) allows."""
 
     def rows(length: int) -> int:
-        return max(1, min(batching.max_batch_size, batching.max_batch_tokens // length))
+        most = min(batching.max_batch_size, batching.max_batch_tokens // length)
+        return max(1, most if rows_at is None else min(most, rows_at(length)))
 
     if tokenizer is None:
         return Traffic(lambda lengths, seed: random_sequences(rules, lengths, seed), rows)

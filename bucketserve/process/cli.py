@@ -56,6 +56,7 @@ def _probe(args: argparse.Namespace) -> int:
 
 def _plan(args: argparse.Namespace) -> int:
     from bucketserve.loading.planner import (
+        extended,
         padding_waste,
         plan_edges,
         power_of_two_edges,
@@ -75,8 +76,16 @@ def _plan(args: argparse.Namespace) -> int:
     pow2 = power_of_two_edges(top)
     keys = args.keys or len(pow2)
     plan = plan_edges(lengths, keys, top)
-    print(f"proposed ({len(plan.edges)} keys): buckets = {list(plan.edges)}")
+    edges = extended(plan.edges, top, sample[-1])
+    print(f"proposed ({len(edges)} keys): buckets = {list(edges)}")
     print(f"  expected padding: {100 * plan.waste:.1f}% of computed tokens")
+    if edges != plan.edges:
+        fitted = len(plan.edges) - 1
+        print(
+            f"  ({fitted} fitted to the sample up to {plan.edges[-2]}; past it, "
+            f"{len(edges) - fitted} more up to {top}, each 1/8 to 1/4 longer than the one "
+            "before: no length the sample lacks shares a bucket with ones far shorter)"
+        )
     print(f"power of two ({len(pow2)} keys): buckets = {list(pow2)}")
     print(f"  expected padding: {100 * padding_waste(lengths, pow2):.1f}% of computed tokens")
     return 0
@@ -130,11 +139,11 @@ def _models_import(args: argparse.Namespace) -> int:
     from bucketserve.loading.importer import entry_name, import_model, weights_of
 
     with tempfile.TemporaryDirectory() as exports:
-        folder, name = args.path, args.name
+        folder, name, verify = args.path, args.name, None
         if folder.is_dir() and weights_of(folder):  # (weights, no graph: exported first)
             name = name or entry_name(folder)
-            folder = _exported(folder, Path(exports))
-        imported = import_model(folder, args.models, name)
+            folder, verify = _exported(folder, Path(exports))
+        imported = import_model(folder, args.models, name, args.memory_budget, verify)
     model, served = imported.model, imported.model.info.served_config
     check = served["check"]
     print(f"wrote {imported.entry}: the ONNX file, tokenizer.json and this config.toml\n")
@@ -176,12 +185,13 @@ def _models_lock(args: argparse.Namespace) -> int:
     return 0
 
 
-def _exported(folder: Path, exports: Path) -> Path:
-    """`folder`'s weights exported to ONNX and checked (the export extra), in `exports`."""
+def _exported(folder: Path, exports: Path) -> tuple[Path, Callable[[int], str]]:
+    """`folder`'s weights exported to ONNX (the export extra), in `exports`, and the check
+    of the export against the original up to the length it is imported at."""
     from bucketserve.loading.importer import optimum_command
 
     try:
-        from modelgen.hf_folder import export_folder
+        from modelgen.hf_folder import check_export, export_folder
 
         exported = export_folder(folder, exports / folder.name)
     except ModuleNotFoundError as missing:  # (torch, transformers: the export extra)
@@ -190,11 +200,7 @@ def _exported(folder: Path, exports: Path) -> Path:
             "export extra (pip install 'bucketserve[export]'); or export it with optimum: "
             f"{optimum_command(folder)}, then import that folder"
         ) from None
-    print(
-        f"exported {folder} to ONNX ({exported.task}) and checked it against the original: "
-        f"{exported.texts} texts, each alone, within {exported.largest_difference:.2g}"
-    )
-    return exported.folder
+    return exported.folder, lambda longest: check_export(folder, exported, longest)
 
 
 def _converter(name: str, type_name: str) -> Callable[[str], Any]:
@@ -315,6 +321,12 @@ def parser() -> argparse.ArgumentParser:
     )
     imports.add_argument("path", type=Path, help="the export folder")
     imports.add_argument("--name", help="the entry's name (default: the folder's)")
+    imports.add_argument(
+        "--memory-budget",
+        help="the memory its batches may take, as serve's flag (default: what the machine or "
+        "container leaves): a context longer than a batch of one fits is imported at the "
+        "longest that fits",
+    )
     _repository_flag(imports)
     imports.set_defaults(run=_models_import)
     lock = models_commands.add_parser(

@@ -47,7 +47,7 @@ def wire(settings: Settings) -> Wired:
     shares = functools.partial(Shares, weights, reserve=keys.tenants_may_differ)
     opened = open_repository(settings)
     tracing = configured(settings.otlp_endpoint)
-    engine = Engine(opened.registry, settings, opened.instances, tracing, shares)
+    engine = Engine(opened.registry, settings, opened.instances, tracing, shares, opened.memory)
     control = Control(
         engine,
         opened.loader if settings.model_control != "none" else None,
