@@ -221,3 +221,18 @@ max_batch_tokens = 2048
     memory = model.info.served_config["memory"]
     assert memory["longest"] == plan.max_length
     assert memory["cut_from"] == 2048
+
+
+def test_the_oldest_waiting_starts_whatever_waits_behind_it() -> None:
+    """Two long batches waiting, neither fitting beside the other: the oldest starts once it
+    fits (a rule that protected each from the other would leave both waiting forever)."""
+    budget = MemoryBudget(1000)
+    running = budget.start(900, "x", "first")
+    budget.wait("a", {"long": 700})
+    budget.wait("b", {"long": 600})
+    assert not budget.may_start(700, "a", "long")  # (the first still runs)
+    budget.end(running)
+    assert not budget.may_start(600, "b", "long")  # the younger waits for the older
+    assert budget.may_start(700, "a", "long")
+    budget.start(700, "a", "long")
+    assert not budget.may_start(600, "b", "long")  # 700 + 600 > 1000

@@ -166,18 +166,23 @@ class MemoryBudget:
             return True
         if self.used + need > self.total:
             return False
-        oldest = self._oldest(other_than=(owner, key))
-        if oldest is None or self.used + need + oldest <= self.total:
+        oldest = self._oldest()
+        if oldest is None or oldest[0] == (owner, key):  # (the oldest waiting starts when it fits)
             return True
-        if need > oldest * SMALL:
+        claimed = oldest[1]
+        if self.used + need + claimed <= self.total:
+            return True
+        if need > claimed * SMALL:
             return False
-        small = sum(n * count for n, count in self._running.items() if n <= oldest * SMALL)
-        return small + need + oldest <= self.total
+        small = sum(n * count for n, count in self._running.items() if n <= claimed * SMALL)
+        return small + need + claimed <= self.total
 
-    def _oldest(self, other_than: tuple[object, object]) -> int | None:
-        claims = self._claims.items()
-        waiting = [(order, need) for who, (need, order) in claims if who != other_than]
-        return min(waiting)[1] if waiting else None
+    def _oldest(self) -> tuple[tuple[object, object], int] | None:
+        """The claim that has waited longest: who, and its need."""
+        if not self._claims:
+            return None
+        who, (need, _) = min(self._claims.items(), key=lambda claim: claim[1][1])
+        return who, need
 
     def wait(self, owner: object, claims: Mapping[Any, int]) -> None:
         """`owner`'s batches that wait for room now, by key, with their needs (replacing what

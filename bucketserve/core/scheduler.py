@@ -5,15 +5,18 @@ signal. Imports the queues, the bucket plan and the lifecycle below it; never th
 
 `infer` admits a request's sequences or refuses the whole request (503 when draining or full,
 504 when its deadline has passed), queues each sequence in its bucket and awaits their outputs
-until the deadline. `run` forms a batch whenever an instance is free (so batches keep gathering
-while all are busy) and runs it in a worker thread, telling the model whether it runs alone:
-no other batch running, nothing left waiting, and no more sequences than there are instances
-(a batch that took more found them queued together: load, not a lone request). Where the
-model then takes every core, such a batch holds every instance, and batches formed meanwhile
-wait for it. A failing batch runs its sequences again one by one, so that only a sequence
-that fails alone gets an error. `settled` is when no request is in
-flight, no sequence queued and no batch running. No ONNX Runtime here: the model is anything
-with `plan`, `batch_shape` and `run_batch`.
+until the deadline. `run` forms a batch whenever an instance is free and the memory it needs
+fits beside the batches running (the budget, `memory`, shared with every model), so batches
+keep gathering while all are busy, and runs it in a worker thread, telling the model whether
+it runs alone: no other batch running, nothing left waiting, no more sequences than there are
+instances (a batch that took more found them queued together: load, not a lone request), and
+short (`SHORT_BATCH_BYTES`). Where the model then takes every core, such a batch holds every
+instance, and batches formed meanwhile wait for it. A ready batch whose memory does not fit
+waits, claiming its room, while those that may start go first; while a long batch runs and
+every instance is busy, short batches run one at a time on a lane beside them. A failing
+batch runs its sequences again one by one, so that only a sequence that fails alone gets an
+error. `settled` is when no request is in flight, no sequence queued and no batch running. No
+ONNX Runtime here: the model is anything with `plan`, `batch_shape` and `run_batch`.
 
 Each sequence carries its priority level and tenant into the queues, which order by them
 (`queues`, `shares`); a tenant over its share of the queue is refused before a full queue
@@ -59,6 +62,13 @@ from bucketserve.tracing import Attributes, Tracing
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
+# A batch that needs at most this much memory is short; one that needs more is long (its
+# need grows with rows x length and rows x length^2, as its time does: seconds, for
+# thousands of tokens). A long batch never runs on every core, where it would keep the short
+# batches that arrive meanwhile waiting for it; while one runs, a short batch may run beside
+# the instances on a lane of its own (one more thread on the cores, for the milliseconds it
+# takes). 64 MiB: about 1,000 tokens of a BERT-base, 2,000 of a tiny ModernBERT.
+SHORT_BATCH_BYTES = 64 * 2**20
 
 
 class BatchModel(Protocol):
@@ -158,7 +168,10 @@ class Scheduler:
         self._tracing = tracing or Tracing()
         self._attributes = dict(attributes or {"bucketserve.model": model.name})
         self._running: set[asyncio.Task[None]] = set()
-        self._worker = ThreadPoolExecutor(instances, thread_name_prefix=f"run-{model.name}")
+        # (one thread more than the instances: the short lane's)
+        self._worker = ThreadPoolExecutor(instances + 1, thread_name_prefix=f"run-{model.name}")
+        self._long_running = 0  # long batches running now
+        self._lane_busy = False  # a short batch runs on the lane
         self._failures = Throttled(log)
         self.memory = memory or MemoryBudget(None)
 
@@ -368,26 +381,50 @@ class Scheduler:
 
     async def run(self) -> None:
         """Form and run batches, forever (until cancelled): each when an instance is free
-        and the memory it needs fits beside the batches running."""
+        (or, for a short one while a long one runs, the lane) and the memory it needs fits
+        beside the batches running."""
         unwatch = self.memory.watch(self._arrived.set)  # (memory given back: look again)
         try:
             while True:
-                await self._free.acquire()
+                lane = self._lane_open
+                if not lane and self._free.locked():  # (until an instance or the lane frees)
+                    self._arrived.clear()
+                    await self._arrived.wait()
+                    continue
+                if not lane:
+                    await self._free.acquire()  # (one is free: no wait)
                 try:
-                    key, items, held = await self._next_batch()
+                    batch = await self._next_batch(lane)
                 except BaseException:
-                    self._free.release()
+                    if not lane:
+                        self._free.release()
                     raise
+                if batch is None:  # (the lane closed, or an instance came free: look again)
+                    continue
+                key, items, held = batch
                 for item in items:
                     item.taken = True
                     for request in item.requests:
                         self._took(request)
-                lone = not self._running and not len(self.queues) and len(items) <= self._instances
+                if lane:
+                    self._lane_busy = True
+                    task = asyncio.create_task(self._execute(key, items, False, self._instances))
+                    self._running.add(task)
+                    task.add_done_callback(functools.partial(self._finished, [], held))
+                    continue
+                long = held.need > SHORT_BATCH_BYTES
+                lone = (
+                    not self._running
+                    and not len(self.queues)
+                    and len(items) <= self._instances
+                    and not long
+                )
                 every_core = lone and self.model.lone_takes_every_core
                 if every_core:  # the other instances, all free, wait for it: it has their cores
                     for _ in range(self._instances - 1):
                         await self._free.acquire()
                 taken = [self._idle.pop() for _ in range(self._instances if every_core else 1)]
+                self._long_running += long
                 task = asyncio.create_task(self._execute(key, items, lone, taken[0]))
                 self._running.add(task)
                 task.add_done_callback(functools.partial(self._finished, taken, held))
@@ -398,6 +435,12 @@ class Scheduler:
                 task.cancel()
             self._worker.shutdown(wait=False, cancel_futures=True)
 
+    @property
+    def _lane_open(self) -> bool:
+        """Whether a short batch may run on the lane now: every instance busy, a long batch
+        among them, the lane free."""
+        return self._free.locked() and self._long_running > 0 and not self._lane_busy
+
     def _took(self, request: Request) -> None:
         """A batch took one of `request`'s sequences: running, if it was waiting."""
         request.queued -= 1
@@ -407,40 +450,54 @@ class Scheduler:
             self.requests_running += 1
 
     def _finished(self, instances: list[int], held: Held, task: asyncio.Task[None]) -> None:
-        """A batch is done: its instances and its memory are free again."""
+        """A batch is done: its instances (none: the lane's) and its memory are free again."""
         self._idle += instances
         for _ in instances:
             self._free.release()
+        if instances:
+            self._long_running -= held.need > SHORT_BATCH_BYTES
+        else:
+            self._lane_busy = False
         self._running.discard(task)
         self.memory.end(held)
         self._settle_if_idle()
 
-    async def _next_batch(self) -> tuple[BucketKey, list[Pending], Held]:
+    async def _next_batch(self, lane: bool = False) -> tuple[BucketKey, list[Pending], Held] | None:
         """The next batch that may start, with the memory it holds from now: a ready key
         whose batch does not fit beside those running waits (claiming its room) while
-        others that may start go first."""
+        others that may start go first. `lane`: a short batch for the lane (None once the
+        lane has closed: an instance came free, or no long batch runs any more)."""
         while True:
             now = self._clock()
             self._drop(self.queues.purge(now))
+            if lane and not self._lane_open:
+                return None
             needs: dict[BucketKey, int] = {}
-            batch = self.queues.take(now, functools.partial(self._fits, needs))
+            batch = self.queues.take(now, functools.partial(self._fits, needs, lane))
             if batch is not None:
                 key, items = batch
-                self.memory.wait(self, {k: n for k, n in needs.items() if k != key})
+                if not lane:  # (the lane's batches claim nothing: long ones wait in turn)
+                    self.memory.wait(self, {k: n for k, n in needs.items() if k != key})
                 return key, items, self.memory.start(needs[key], self, key)
-            self.memory.wait(self, needs)
+            if not lane:
+                self.memory.wait(self, needs)
             self._settle_if_idle()
             self._arrived.clear()
             wake = self.queues.next_ready_at(now)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._arrived.wait(), None if wake is None else wake - now)
 
-    def _fits(self, needs: dict[BucketKey, int], key: BucketKey, items: list[Pending]) -> bool:
+    def _fits(
+        self, needs: dict[BucketKey, int], lane: bool, key: BucketKey, items: list[Pending]
+    ) -> bool:
         """Whether a batch of `items` under `key` may start now, by the memory it needs
-        (noted in `needs`, each key's as it was asked)."""
+        (noted in `needs`, each key's as it was asked); on the lane, only a short one."""
         rows, length = self.model.batch_shape(key, [len(item.sequence) for item in items])
-        needs[key] = self.model.plan.need(rows, length)
-        return self.memory.may_start(needs[key], self, key)
+        need = self.model.plan.need(rows, length)
+        if lane and need > SHORT_BATCH_BYTES:
+            return False
+        needs[key] = need
+        return self.memory.may_start(need, self, key)
 
     def _drop(self, dropped: dict[str, list[Pending]]) -> None:
         for reason, items in dropped.items():

@@ -146,7 +146,7 @@ def memory_limit() -> Limit | None:
     return container_limit() or machine_limit()
 
 
-def map_large_allocations(threshold: int = 4 << 20) -> None:
+def map_large_allocations(threshold: int = 256 << 10) -> None:
     """Allocations of at least `threshold` bytes mapped on their own and unmapped when freed
     (glibc otherwise raises its threshold to the largest block freed, up to 32 MiB, and
     keeps smaller blocks in its heap after they are freed): a batch run without ONNX
