@@ -32,13 +32,20 @@ def running_server(
     env: dict[str, str] | None = None,
     ready_within_s: float = 120,
     result_cache: bool = False,
+    address_space: int | None = None,
 ) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     """`bucketserve serve` on the repository `models`: the process and its base URL, once
     /v2/health/ready answers 200, its bulk jobs kept beside the log. `result_cache`: as the
     server's default; off unless asked
     for (or `flags` give its size), since a load test replays a fixed set of requests and
-    would otherwise measure the cache, not the model's path."""
+    would otherwise measure the cache, not the model's path. `address_space`: the process's
+    RLIMIT_AS in bytes (a hard wall: past it, an allocation fails), set before it starts."""
     command = [sys.executable, "-m", "bucketserve", "serve", "--models", str(models)]
+    if address_space is not None:  # (set in the process itself, then Python again in it)
+        limit = f"resource.setrlimit(resource.RLIMIT_AS, ({address_space}, {address_space}))"
+        execute = "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
+        wrapper = f"import os, resource, sys; {limit}; {execute}"
+        command = [sys.executable, "-c", wrapper, *command[1:]]
     off = [] if result_cache else ["--result-cache-mb", "0"]
     jobs = ["--jobs-dir", str(log_path.parent / "jobs")]  # (never the user's own)
     command += [*off, *jobs, *flags]  # (a flag given again wins)

@@ -97,7 +97,7 @@ def qwen3_embedding(root: Path, seed: int = 0) -> Any:
 def _saved(library: Any, weights: Path, context: int, pooling: str, folder: Path) -> Any:
     """The model in `weights` as sentence-transformers' module list (the transformer at
     `context`, `pooling`, Normalize), saved to `folder` by sentence-transformers."""
-    modules = library.models
+    modules = importlib.import_module("sentence_transformers.models")
     transformer = modules.Transformer(str(weights), max_seq_length=context)
     pooled = modules.Pooling(transformer.get_word_embedding_dimension(), pooling)
     embedder = library.SentenceTransformer(modules=[transformer, pooled, modules.Normalize()])

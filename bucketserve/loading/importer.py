@@ -16,6 +16,10 @@ gets a classifier instead: its labels from `id2label`, its activation from `prob
 cross-encoder), the rerank task. A masked-LM export (`ForMaskedLM`, a `logits` output over
 the vocabulary: SPLADE) gets sparse weights, a token classifier (`ForTokenClassification`)
 its labels per token. Named prompts in `config_sentence_transformers.json` become `[prompts]`.
+
+A model that takes more than 512 tokens gets its attention on ONNX Runtime's flash path where
+it fuses (`fusion`), and it is imported at the longest length whose batch of one fits the
+memory budget where its own is longer (`room`), each said in the import's notes.
 """
 
 from __future__ import annotations
@@ -37,11 +41,18 @@ from bucketserve.core.model import Model
 from bucketserve.errors import ConfigError
 from bucketserve.loading import room
 from bucketserve.loading.builder import build_model, load_tokenizer
+from bucketserve.loading.fusion import fuse_attention
 from bucketserve.loading.planner import bucket_edges
 from bucketserve.loading.repository import CONFIG_FILE, MODEL_FILE, load_model_spec
 from bucketserve.loading.served_file import default_cache_dir
 from bucketserve.settings import Settings
 
+# Attention is fused where the model takes more tokens than this: there its scores (heads x
+# length x length a row) are most of what a long batch holds (a tiny BERT at 8,192 tokens:
+# 2,466 MiB plain, 36 fused, loadtest.attention_bench); at minilm's 256 tokens fusion saved
+# nothing (0.96-1.07x the time at 1 x 16 to 4 x 256), so shorter models stay as exported.
+FUSED_FROM = 512
+DATA_FILE = MODEL_FILE + ".data"
 ROLES = {"input_ids": "tokens", "attention_mask": "mask", "token_type_ids": "token_types"}
 POOLING_MODES = {  # 1_Pooling/config.json's flags -> the embedding rule's pooling
     "pooling_mode_mean_tokens": "mean",
@@ -450,20 +461,27 @@ def import_model(
     models.mkdir(parents=True, exist_ok=True)
     # Written aside, under a name the server skips (no config.toml yet), then moved in whole.
     staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=models))
+    notes = list(export.notes)
     try:
         version = staging / "1"
         version.mkdir()
-        shutil.copyfile(export.onnx_path, version / MODEL_FILE)
-        for weights in export.weights:
-            target = version / weights.relative_to(export.onnx_path.parent)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(weights, target)
+        fused = _fused(export, staging / "fused") if export.max_length > FUSED_FROM else None
+        if fused is not None:
+            shutil.copyfile(fused[0], version / MODEL_FILE)
+            shutil.copyfile(fused[0].with_name(fused[0].name + ".data"), version / DATA_FILE)
+            notes.append(fused[1])
+        else:
+            shutil.copyfile(export.onnx_path, version / MODEL_FILE)
+            for weights in export.weights:
+                target = version / weights.relative_to(export.onnx_path.parent)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(weights, target)
+        shutil.rmtree(staging / "fused", ignore_errors=True)
         shutil.copyfile(export.tokenizer_path, version / "tokenizer.json")
         (staging / CONFIG_FILE).write_text(config, encoding="utf-8")
         staging.rename(entry)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    notes = list(export.notes)
     try:
         spec = load_model_spec(entry)
         assert spec is not None  # (it has a version folder)
@@ -487,6 +505,21 @@ def import_model(
         shutil.rmtree(entry, ignore_errors=True)
         raise
     return Imported(entry, config, model, notes)
+
+
+def _fused(export: Export, scratch: Path) -> tuple[Path, str] | None:
+    """The export with its attention on ONNX Runtime's flash path (`fusion`), where any of
+    it fuses and the copy answers as the export: the copy, and what import says of it."""
+    report = fuse_attention(export.onnx_path, scratch / MODEL_FILE)
+    if report is None:
+        return None
+    left = f"; {len(report.left)} left as exported ({report.left[0]})" if report.left else ""
+    return scratch / MODEL_FILE, (
+        f"attention of {report.fused} layer{'s' * (report.fused != 1)} runs on ONNX Runtime's "
+        "flash path, which holds no "
+        f"length x length scores{left}; it answers within {report.largest_difference:.2g} of "
+        "the export"
+    )
 
 
 def _cut_note(declared: int, longest: int, fits: room.Room, budget: MemoryBudget) -> str:
