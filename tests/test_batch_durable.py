@@ -107,6 +107,37 @@ def test_a_job_killed_three_times_answers_each_line_once_and_exactly(
         assert body["usage"]["prompt_tokens"] > 0
 
 
+def checkpointed(out: Path) -> int:
+    """The lines a `batch run` onto `out` has checkpointed (0 before its state is written)."""
+    state = out.with_name(out.name + ".partial") / "state.sqlite"
+    if not state.is_file():
+        return 0
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{state}?mode=ro", uri=True)) as db:
+            rows = db.execute("SELECT done FROM batches").fetchall()
+    except sqlite3.OperationalError:  # (made, its tables not yet)
+        return 0
+    return int(rows[0][0]) if rows else 0
+
+
+def killed_once_checkpointed(command: list[str], out: Path, lines: int) -> int:
+    """`command` (a `batch run` onto `out`) SIGKILLed once it has checkpointed `lines`
+    lines; the lines it had checkpointed then."""
+    run = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 300
+        while checkpointed(out) < lines:
+            assert run.poll() is None, "the run ended before it could be killed"
+            assert time.monotonic() < deadline, "no checkpoint"
+            time.sleep(0.05)
+        run.send_signal(signal.SIGKILL)
+        run.wait(30)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    return checkpointed(out)
+
+
 def test_batch_run_killed_goes_on_where_it_stopped(
     repository: Callable[..., Path], tmp_path: Path
 ) -> None:
@@ -118,35 +149,64 @@ def test_batch_run_killed_goes_on_where_it_stopped(
     source.write_text("\n".join(given))
     command = [sys.executable, "-m", "bucketserve", "batch", "run", str(source), "--out",
                str(out), "--models", str(models), "--model", "st"]  # fmt: skip
-    state = out.with_name(out.name + ".partial") / "state.sqlite"
-
-    def done() -> int:
-        """The lines the run has checkpointed (0 before its state is written)."""
-        if not state.is_file():
-            return 0
-        try:
-            with contextlib.closing(sqlite3.connect(f"file:{state}?mode=ro", uri=True)) as db:
-                rows = db.execute("SELECT done FROM batches").fetchall()
-        except sqlite3.OperationalError:  # (made, its tables not yet)
-            return 0
-        return int(rows[0][0]) if rows else 0
-
-    first = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 300
-        while done() < LINES // 10:
-            assert first.poll() is None, "the run ended before it could be killed"
-            assert time.monotonic() < deadline, "no checkpoint"
-            time.sleep(0.05)
-        first.send_signal(signal.SIGKILL)
-        first.wait(30)
-    finally:
-        if first.poll() is None:
-            first.kill()
-    stopped = done()
+    stopped = killed_once_checkpointed(command, out, LINES // 10)
     assert 0 < stopped < LINES
     again = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-2000:]
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert sorted(int(line["custom_id"]) for line in lines) == list(range(1, LINES + 1))
     assert all(line["response"]["status_code"] == 200 for line in lines)
+
+
+def test_batch_run_never_resumes_another_runs_state(
+    repository: Callable[..., Path], tmp_path: Path
+) -> None:
+    """A run of one input killed once it has checkpointed, then another input onto the same
+    `--out`: refused in one line naming the kept state, nothing written; with `--restart`,
+    its own lines answered and nothing of the first's. `--out` equal to the input and a
+    model the repository lacks: refused, the input untouched."""
+    from bucketserve.loading import load_engine
+    from bucketserve.settings import Settings
+
+    models = repository("st")
+    first, second = tmp_path / "first.txt", tmp_path / "second.txt"
+    first.write_text("\n".join(texts(LINES, seed=79)))
+    given = texts(4, seed=80)
+    second.write_text("\n".join(given))
+    out = tmp_path / "vectors.jsonl"
+
+    def command(source: Path, *more: str, into: Path = out) -> list[str]:
+        return [sys.executable, "-m", "bucketserve", "batch", "run", str(source), "--out",
+                str(into), "--models", str(models), *more]  # fmt: skip
+
+    def ran(argv: list[str]) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=600)
+
+    assert killed_once_checkpointed(command(first, "--model", "st"), out, 1) > 0
+    stale = ran(command(second, "--model", "st"))
+    assert stale.returncode == 2, stale.stderr[-2000:]
+    (said,) = stale.stderr.strip().splitlines()
+    assert f"{out}.partial holds an unfinished run of another input" in said
+    assert "--restart" in said
+    assert not out.exists()
+    fresh = ran(command(second, "--model", "st", "--restart"))
+    assert fresh.returncode == 0, fresh.stderr[-2000:]
+    answered = {line["custom_id"]: line for line in map(json.loads, out.read_text().splitlines())}
+    assert sorted(answered) == ["1", "2", "3", "4"]
+    model = load_engine(Settings(models=models)).model("st")
+    for n, text in enumerate(given, 1):
+        alone = model.predict(model.encode([text]))[0]["last_hidden_state"].mean(axis=0)
+        row = answered[str(n)]["response"]["body"]["data"][0]["embedding"]
+        np.testing.assert_allclose(row, alone / np.linalg.norm(alone), atol=1e-5)
+    assert not (tmp_path / "vectors.jsonl.partial").exists()
+
+    before = second.read_bytes()
+    onto_itself = ran(command(second, "--model", "st", into=second))
+    assert onto_itself.returncode == 2
+    assert "give another --out" in onto_itself.stderr
+    wrong = ran(command(second, "--model", "st-typo"))
+    assert wrong.returncode == 2
+    (said,) = wrong.stderr.strip().splitlines()
+    assert "no model 'st-typo'" in said
+    assert "it serves st" in said
+    assert second.read_bytes() == before

@@ -8,6 +8,11 @@ IN is a Batch API file (`.jsonl`: OpenAI's request lines), a plain file of texts
 each embedded, its line number its `custom_id`), or a column of a parquet file (`--column`).
 OUT gets the answers that succeeded, one line each, in OpenAI's output form; the others go to
 `OUT.errors.jsonl`.
+
+Before any model loads, the input and the models it names are checked (`batch_input`), and a
+kept state is resumed only if it is this run's (the same input's bytes, endpoint, model and
+column, recorded in `OUT.partial/run.json`): another run's is refused naming it, or
+discarded with `--restart`.
 """
 
 from __future__ import annotations
@@ -19,43 +24,64 @@ import sys
 import time
 from pathlib import Path
 
-import orjson
 from tqdm import tqdm
 
 from bucketserve.edges.http.app import create_app
-from bucketserve.errors import BucketserveError, ConfigError
+from bucketserve.errors import BucketserveError
 from bucketserve.jobs.runner import FINAL
 from bucketserve.jobs.store import BatchRecord
+from bucketserve.process import batch_input
+from bucketserve.process.batch_input import Refused, RunOf
 from bucketserve.process.wiring import Wired, running, wire
 from bucketserve.settings import Settings
 
-TEXT_ENDPOINTS = ("/v1/embeddings", "/embeddings")  # (what a text alone is a request to)
 POLL_S = 0.25
+RUN_FILE = "run.json"  # in OUT.partial/: what the kept run is of (`RunOf`)
 
 
 def run_batch(
-    settings: Settings, source: Path, out: Path, endpoint: str, model: str | None, column: str
+    settings: Settings,
+    source: Path,
+    out: Path,
+    endpoint: str,
+    model: str | None,
+    column: str,
+    restart: bool = False,
 ) -> int:
-    """0: every line answered 2xx; 1: some were not (in OUT.errors.jsonl); 2: the file was
-    refused (its errors printed)."""
+    """0: every line answered 2xx; 1: some were not (in OUT.errors.jsonl); 2: the file or
+    the command was refused (why, printed)."""
     partial = out.with_name(out.name + ".partial")
+    errors = out.with_name(out.name.removesuffix(".jsonl") + ".errors.jsonl")
+    try:
+        batch_input.paths(source, out, errors, partial)
+        this = batch_input.run_of(source, endpoint, model, column)
+        _claim(partial, this, restart)
+        lines = batch_input.read(source, endpoint, model, column)
+        named = ({model} if model is not None else set()) | batch_input.line_models(lines)
+        batch_input.check_models(settings, named)
+    except Refused as exc:
+        print(f"bucketserve batch run: {exc}", file=sys.stderr)
+        return 2
+    partial.mkdir(exist_ok=True)
+    (partial / RUN_FILE).write_bytes(this.dumps())
     wired = wire(dataclasses.replace(settings, jobs_dir=partial))
     # (the application the lines run through, bound to no port: it attaches to the jobs)
     create_app(wired.engine, wired.control, wired.metrics, wired.keys, wired.limits, wired.jobs)
     try:
-        record = asyncio.run(_run(wired, source, endpoint, model, column))
+        record = asyncio.run(_run(wired, source, endpoint, lines))
     except BucketserveError as exc:
-        print(f"{source}: {exc}", file=sys.stderr)
+        print(f"bucketserve batch run: {source}: {exc}", file=sys.stderr)
         return 2
     if record.status == "failed":
         for error in (record.object.get("errors") or {}).get("data", []):
             where = f"line {error['line']}: " if error.get("line") else ""
             print(f"{source}: {where}{error['code']}: {error['message']}", file=sys.stderr)
+        if not record.progress.done:  # (refused whole: nothing of it to keep or resume)
+            shutil.rmtree(partial)
         return 2
     if record.status not in FINAL:
         return 130  # (stopped: the next run goes on)
     store = wired.jobs.store
-    errors = out.with_name(out.name.removesuffix(".jsonl") + ".errors.jsonl")
     for field, target in (("output_file_id", out), ("error_file_id", errors)):
         file_id = record.object.get(field)
         if file_id:
@@ -69,9 +95,30 @@ def run_batch(
     return 0 if not counts["failed"] else 1
 
 
-async def _run(
-    wired: Wired, source: Path, endpoint: str, model: str | None, column: str
-) -> BatchRecord:
+def _claim(partial: Path, this: RunOf, restart: bool) -> None:
+    """`partial` left for this run: another run's kept state refused naming how it differs;
+    with `restart`, whatever it holds discarded; a leftover of a run that never began
+    removed."""
+    if restart and partial.exists():
+        shutil.rmtree(partial)
+    if not partial.exists():
+        return
+    kept_file = partial / RUN_FILE
+    kept = RunOf.loads(kept_file.read_bytes()) if kept_file.is_file() else None
+    ran = (partial / "state.sqlite").is_file()
+    why = "of an input it did not record" if kept is None else this.differs(kept)
+    if why is None:
+        return  # (this run's: resumed)
+    if not ran:
+        shutil.rmtree(partial)
+        return
+    raise Refused(
+        f"{partial} holds an unfinished run {why}: rerun with --restart to discard it and "
+        "start afresh, or give another --out"
+    )
+
+
+async def _run(wired: Wired, source: Path, endpoint: str, lines: list[bytes]) -> BatchRecord:
     """The batch run to its end, its progress shown; an earlier run's, if one was cut short."""
     jobs = wired.jobs
     async with running(wired.engine, wired.control, wired.metrics, jobs):
@@ -80,8 +127,7 @@ async def _run(
             record = kept[0]  # (an earlier run's, resumed by `running`)
         else:
             written = jobs.upload_path("")
-            lines = _requests(source, endpoint, model, column)
-            written.write_bytes(b"".join(orjson.dumps(line) + b"\n" for line in lines))
+            written.write_bytes(b"".join(line + b"\n" for line in lines))
             given = jobs.add_file(written, "", source.name, "batch")
             record = jobs.create("", given.id, endpoint, "24h", None)
         began, tokens = time.monotonic(), record.progress.tokens
@@ -97,38 +143,3 @@ async def _run(
                 await asyncio.sleep(POLL_S)
         await jobs.finished(record.id)
         return jobs.batch(record.id, "")
-
-
-def _requests(
-    source: Path, endpoint: str, model: str | None, column: str
-) -> list[dict[str, object]]:
-    """The file's requests, as the Batch API's lines."""
-    if source.suffix == ".jsonl":
-        return [orjson.loads(raw) for raw in source.read_bytes().splitlines() if raw.strip()]
-    if endpoint not in TEXT_ENDPOINTS:
-        raise ConfigError(
-            f"{source}: texts alone are embedded ({' or '.join(TEXT_ENDPOINTS)}); for "
-            f"{endpoint}, write the requests as JSONL"
-        )
-    texts = _column(source, column) if source.suffix == ".parquet" else _texts(source)
-    named = {"model": model} if model is not None else {}
-    return [
-        {"custom_id": str(i), "method": "POST", "url": endpoint, "body": {"input": t, **named}}
-        for i, t in enumerate(texts, 1)
-        if t.strip()  # (blank lines and empty cells skipped; the others keep their numbers)
-    ]
-
-
-def _texts(source: Path) -> list[str]:
-    return source.read_text(encoding="utf-8").splitlines()
-
-
-def _column(source: Path, column: str) -> list[str]:
-    try:
-        import pyarrow.parquet as parquet
-    except ImportError:
-        raise ConfigError(
-            f"{source}: reading parquet needs pyarrow: pip install 'bucketserve[parquet]'"
-        ) from None
-    table = parquet.read_table(source, columns=[column])
-    return [str(text or "") for text in table.column(column).to_pylist()]

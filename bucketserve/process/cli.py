@@ -31,7 +31,9 @@ def _batch_run(args: argparse.Namespace) -> int:
 
     overrides = {f.name: getattr(args, f.name) for f in fields(Settings)}
     settings = Settings.from_env(**overrides)
-    return run_batch(settings, args.input, args.out, args.endpoint, args.model, args.column)
+    return run_batch(
+        settings, args.input, args.out, args.endpoint, args.model, args.column, args.restart
+    )
 
 
 # The KServe v2 health routes (bucketserve/edges/http/kserve_routes.py); container probes use them.
@@ -213,10 +215,22 @@ def _converter(name: str, type_name: str) -> Callable[[str], Any]:
     return convert
 
 
-def _add_settings(command: argparse.ArgumentParser) -> None:
+# The settings that change a `batch run` (its models, how they run, what a line may hold):
+# its --help shows these; the others (listening, keys, model control) are taken but not shown.
+BATCH_SETTINGS = frozenset({
+    "models", "model_name", "default_model", "served_model_name", "locked", "binding",
+    "instances", "intra_op_threads", "cache_dir", "max_sequences", "max_request_tokens",
+    "auto_truncate", "openai_token_ids", "log_level", "log_json",
+})  # fmt: skip
+
+
+def _add_settings(command: argparse.ArgumentParser, shown: frozenset[str] | None = None) -> None:
+    """Every setting as a flag; only those `shown` (None: all) in the command's --help."""
     for f in fields(Settings):
         flag = "--" + f.name.replace("_", "-")
         help_text = f"{f.metadata['help']} [{env_name(f.name)}; default {f.default}]"
+        if shown is not None and f.name not in shown:
+            help_text = argparse.SUPPRESS
         if f.type == "bool":  # (--flag, and --no-flag for one that is on by default)
             command.add_argument(
                 flag, action=argparse.BooleanOptionalAction, default=None, help=help_text
@@ -288,7 +302,10 @@ def parser() -> argparse.ArgumentParser:
         "Batch API, sorted by length: OUT gets the answers (OUT.errors.jsonl the failed "
         "lines). IN is JSONL request lines, a file of texts (one a line), or a parquet file "
         "(--column). Interrupted, the same command goes on from its last checkpoint "
-        "(kept in OUT.partial/).",
+        "(kept in OUT.partial/); a kept state of another input or model is refused, or "
+        "discarded with --restart.",
+        epilog="Every setting of `serve` is taken too (its flag, or its BUCKETSERVE_* "
+        "variable); the ones shown are those that change a run.",
     )
     batch_run.add_argument("input", type=Path, metavar="IN", help="the requests or texts")
     batch_run.add_argument("--out", type=Path, required=True, help="the answers (JSONL)")
@@ -297,7 +314,12 @@ def parser() -> argparse.ArgumentParser:
     )
     batch_run.add_argument("--model", dest="model", help="texts: the model that embeds them")
     batch_run.add_argument("--column", default="text", help="parquet: the texts' column")
-    _add_settings(batch_run)
+    batch_run.add_argument(
+        "--restart",
+        action="store_true",
+        help="discard OUT.partial/ (a run cut short, of this input or another) and start afresh",
+    )
+    _add_settings(batch_run, BATCH_SETTINGS)
     batch_run.set_defaults(run=_batch_run)
 
     models = commands.add_parser("models", help="manage the model repository")
