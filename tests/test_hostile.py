@@ -94,8 +94,11 @@ def test_names_made_up_never_enter_the_index(served: tuple[str, Any, Path, Path]
             client.unload_model(f"made-up-{i}")
         assert refused.value.status() == "StatusCode.NOT_FOUND"
     assert httpx.post(f"{url}/v2/repository/models/made-up/unload").status_code == 404
-    with pytest.raises(InferenceServerException, match="no model 'made-up' in the repository"):
+    with pytest.raises(
+        InferenceServerException, match="no model 'made-up' in the repository"
+    ) as lacks:
         client.load_model("made-up")
+    assert lacks.value.status() == "StatusCode.NOT_FOUND"
     assert index(url) == before
 
 

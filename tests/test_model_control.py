@@ -209,6 +209,18 @@ async def test_a_failed_load_leaves_the_old_serving(
     assert index == [{"name": NAME, "version": "1", "state": "READY"}]
 
 
+async def test_loading_a_name_the_repository_lacks_is_404(
+    served: tuple[httpx.AsyncClient, Engine],
+) -> None:
+    """As an unload of one is, and as docs/model-control.md says: no model by that name."""
+    client, _ = served
+    loaded = await client.post("/v2/repository/models/made-up/load")
+    assert loaded.status_code == 404, loaded.text
+    assert "no model 'made-up' in the repository" in error_of(loaded)[1]
+    unloaded = await client.post("/v2/repository/models/made-up/unload")
+    assert unloaded.status_code == 404
+
+
 async def test_two_versions_side_by_side(
     models: Path, served: tuple[httpx.AsyncClient, Engine]
 ) -> None:

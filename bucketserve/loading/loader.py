@@ -17,7 +17,7 @@ from bucketserve.core.engine import Engine
 from bucketserve.core.memory import MemoryBudget
 from bucketserve.core.model import Model
 from bucketserve.core.registry import Registry
-from bucketserve.errors import ConfigError, LoadFailed
+from bucketserve.errors import ConfigError, LoadFailed, ModelNotFound
 from bucketserve.loading.builder import build_model
 from bucketserve.loading.config import BatchingConfig
 from bucketserve.loading.digests import Digests
@@ -74,10 +74,11 @@ class Loader:
 
     def load(self, name: str) -> dict[int, Model]:
         """Every served version of `name`, built, checked and warm; LoadFailed says why not,
-        with paths from the repository (a client reads it)."""
+        with paths from the repository (a client reads it); ModelNotFound (404) for a name
+        the repository does not hold."""
+        if name not in self.names():  # (one of its folders: never a path a client made)
+            raise ModelNotFound(f"no model {name!r} in the repository")
         try:
-            if name not in self.names():  # (one of its folders: never a path a client made)
-                raise ConfigError(f"no model {name!r} in the repository")
             folder = self.folder(name)
             specs = load_model_specs(folder, name)
             if not specs:
