@@ -270,6 +270,9 @@ def test_aliases_from_configs_and_clashes_refused(
         load_engine(Settings(models=models, served_model_name="sentiment=reranker"))
     with pytest.raises(ConfigError, match="no model 'nope' in the repository"):
         load_engine(Settings(models=models, served_model_name="x=nope"))
+    two = "embed=embedder, rerank=reranker, embed=colbert"  # (one name, two models)
+    with pytest.raises(ConfigError, match="'embed' is given to two models, embedder and colbert"):
+        load_engine(Settings(models=models, served_model_name=two))
 
 
 async def test_a_long_text_is_cut_unless_the_server_or_the_request_says_not(

@@ -174,6 +174,7 @@ def open_repository(settings: Settings) -> Opened:
     repository = load_repository(
         settings.models, settings.default_model, partial=True, name=settings.model_name
     )
+    aliases = served_names(settings.served_model_name, repository.default_model)  # (before loads)
     instances, threads = thread_layout(
         settings.instances,
         settings.intra_op_threads,
@@ -199,14 +200,14 @@ def open_repository(settings: Settings) -> Opened:
     if not versions:
         raise ConfigError(f"{settings.models}: no model loaded ({'; '.join(failed.values())})")
     shown = {name: for_clients(error, settings.models) for name, error in failed.items()}
-    aliases = served_names(settings.served_model_name, repository.default_model)
     registry = Registry(versions, repository.default_model, shown, repository.unbuilt, aliases)
     return Opened(registry, loader, instances, memory)
 
 
 def served_names(given: str | None, default: str | None) -> dict[str, str]:
     """`--served-model-name` as alias -> model name: ALIAS=MODEL, comma-separated; an ALIAS
-    alone names the default model."""
+    alone names the default model. ConfigError where one alias is given to two models:
+    which one a client meant could not be told."""
     aliases: dict[str, str] = {}
     for part in filter(None, (p.strip() for p in (given or "").split(","))):
         alias, _, named = (s.strip() for s in part.partition("="))
@@ -216,7 +217,11 @@ def served_names(given: str | None, default: str | None) -> dict[str, str]:
                 f"served_model_name: {part!r}: write ALIAS=MODEL (ALIAS alone names the "
                 "default model, and the repository has none)"
             )
-        aliases[alias] = model
+        if aliases.setdefault(alias, model) != model:
+            raise ConfigError(
+                f"served_model_name: {alias!r} is given to two models, {aliases[alias]} and "
+                f"{model}: give each its own name"
+            )
     return aliases
 
 
