@@ -221,6 +221,19 @@ async def test_creating_or_reading_is_refused_in_openais_form(served: Any) -> No
         )
     with pytest.raises(openai.UnprocessableEntityError, match="purpose"):
         await sdk.files.create(file=("in.jsonl", b"{}\n"), purpose="fine-tune")
+    create = {"input_file_id": given.id, "endpoint": "/v1/embeddings", "completion_window": "24h"}
+    for metadata, said in (  # (OpenAI's limits: 16 pairs, keys of 64 characters, values of 512)
+        ({f"k{i}": "v" for i in range(17)}, "metadata: Dictionary should have at most 16"),
+        ({"k" * 65: "v"}, "String should have at most 64 characters"),
+        ({"k": "v" * 513}, "String should have at most 512 characters"),
+    ):
+        with pytest.raises(openai.BadRequestError, match=said):
+            await sdk.batches.create(**create, metadata=metadata)
+    most = {"k" * 64 if i == 0 else f"k{i}": "v" * 512 for i in range(16)}
+    kept = await sdk.batches.create(**create, metadata=most)
+    assert kept.metadata == most
+    await sdk.batches.cancel(kept.id)
+    await ended(sdk, kept.id)  # (its file is deleted below: not while a batch reads it)
     with pytest.raises(openai.NotFoundError):
         await sdk.batches.retrieve("batch_nope")
     deleted = await sdk.files.delete(given.id)

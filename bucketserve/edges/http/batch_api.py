@@ -160,11 +160,17 @@ async def delete(request: Request, file_id: str) -> Response:
 CREATE = (400, 404, 413, 415, 422, 429, 503)  # what creating a batch may answer
 
 
+MetadataKey = Annotated[StrictStr, Field(max_length=64)]
+MetadataValue = Annotated[StrictStr, Field(max_length=512)]
+
+
 class BatchBody(Strict):
     input_file_id: StrictStr = Field(description="a file uploaded with purpose batch")
     endpoint: StrictStr = Field(description="the route every line runs: /v1/embeddings...")
     completion_window: Literal["24h"] = Field(description="24h, the one offered")
-    metadata: Annotated[dict[str, StrictStr], Field(max_length=16)] | None = None
+    metadata: Annotated[dict[MetadataKey, MetadataValue], Field(max_length=16)] | None = Field(
+        None, description="OpenAI's: at most 16 pairs, keys of 64 characters, values of 512"
+    )
 
 
 @post(router, "/v1/batches", BatchBody, "Run a file of requests as a batch", CREATE)
