@@ -485,5 +485,6 @@ async def test_a_second_server_on_the_same_jobs_directory_serves_but_runs_no_job
             with pytest.raises(openai.InternalServerError, match="another server holds") as held:
                 await sdk_of(second).files.list()
             assert held.value.status_code == 503
+            assert str(tmp_path) not in str(held.value.body)  # (a host's path: not a client's)
             answer = await second.post("/v1/embeddings", json={"input": "still served"})
             assert answer.status_code == 200

@@ -54,7 +54,7 @@ class Jobs:
         try:
             self._open()
         except Unavailable as exc:
-            log.warning("%s", exc)
+            log.warning("%s (%s)", exc, self.store.root)
             return
         for record in self.store.batches():
             if record.status not in FINAL:

@@ -132,9 +132,9 @@ class Store:
             fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             os.close(held)
-            raise Unavailable(
-                f"bulk jobs: another server holds the jobs directory {self.root}; start this "
-                "one with its own --jobs-dir"
+            raise Unavailable(  # (its path is the host's: the log names it, a client not)
+                "bulk jobs: another server holds this server's jobs directory; start this one "
+                "with its own --jobs-dir"
             ) from None
         self._held = held
         db = sqlite3.connect(self.root / "state.sqlite", check_same_thread=False)
