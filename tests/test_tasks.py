@@ -294,6 +294,17 @@ async def test_cohere_document_objects_are_ranked_by_their_fields(
         assert r["relevance_score"] == pytest.approx(want, abs=TOLERANCE)
     assert missing.status_code == 422
     assert "no field 'author' of text to rank it by" in error_of(missing)[1]
+    for bad, kind, named in (  # (a text is a string: a number is not answered as its spelling)
+        ({"text": 5}, "a number", None),
+        ({"text": True}, "a boolean", None),
+        ({"text": None}, "null", None),
+        ({"text": {"en": "a"}}, "an object", None),
+        (docs[0], "a number", ["title", "id"]),
+    ):
+        body = {"query": QUERY, "documents": [bad]} | ({"rank_fields": named} if named else {})
+        refused = await client.post("/v1/rerank", json=body)
+        assert refused.status_code == 422, refused.text
+        assert f"a document's text must be a string, not {kind}" in error_of(refused)[1]
 
 
 async def test_rerank_and_classify_beside_embeddings_under_concurrent_traffic(

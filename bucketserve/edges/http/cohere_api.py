@@ -111,6 +111,8 @@ async def embed_v2(request: Request) -> Response:
     return await embed(request, 2)
 
 
+JSON_KINDS = {bool: "a boolean", int: "a number", float: "a number", dict: "an object",
+              list: "an array", type(None): "null"}  # fmt: skip
 Document = Annotated[dict[str, Any], Field(min_length=1)]  # Cohere's: fields beside its text
 
 
@@ -176,14 +178,23 @@ def document_text(document: str | dict[str, Any], index: int, fields: list[str] 
     if isinstance(document, str):
         return document
     named = fields or ["text"]
-    missing = next((f for f in named if not isinstance(document.get(f), (str, int, float))), None)
+    missing = next((f for f in named if f not in document), None)
     if missing is not None:
         raise InvalidInput(
             f"documents.{index}: no field {quoted(missing)} of text to rank it by (a document "
             f"object is ranked by {', '.join(named)}: rank_fields names them)",
             param="documents",
         )
-    values = [str(document[f]) for f in named]
+    # (a number or an object is no text: ranked by its spelling, it would be answered for
+    # what the client never sent)
+    other = next((f for f in named if not isinstance(document[f], str)), None)
+    if other is not None:
+        raise InvalidInput(
+            f"documents.{index}.{other[:64]}: a document's text must be a string, not "
+            f"{JSON_KINDS.get(type(document[other]), 'that')}",
+            param="documents",
+        )
+    values = [document[f] for f in named]
     text = (
         values[0]
         if len(named) == 1
