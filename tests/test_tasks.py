@@ -593,7 +593,7 @@ LONG = " ".join(["bucket"] * (MAX_POSITIONS + 10))
     ("path", "body", "status", "says"),
     [
         ("/v1/rerank", {"query": QUERY, "documents": []}, 400, "documents"),
-        ("/v1/rerank", {"query": "", "documents": ["a"]}, 400, "query"),
+        ("/v1/rerank", {"query": "", "documents": ["a"]}, 422, "query"),
         ("/v1/rerank", {"query": QUERY, "documents": ["a"] * 65}, 422, "too many sequences: 65"),
         ("/rerank", {"query": QUERY, "texts": ["a", LONG], "truncate": False}, 422,
          "text 1: longer than the model"),
@@ -613,6 +613,47 @@ async def test_bad_input_is_refused_in_the_routes_form(
     answer = await client.post(path, json=body)
     assert answer.status_code == status, answer.text
     assert says in error_of(answer)[1]
+
+
+EMPTY_TEXTS = [
+    ("/embed", {"inputs": ""}),
+    ("/embed", {"inputs": ["a", ""]}),
+    ("/embed_all", {"model": "embedder", "inputs": [""]}),
+    ("/embed_sparse", {"inputs": ""}),
+    ("/similarity", {"inputs": {"source_sentence": "", "sentences": ["a"]}}),
+    ("/rerank", {"query": "", "texts": ["a"]}),
+    ("/rerank", {"query": QUERY, "texts": [""]}),
+    ("/predict", {"model": "sentiment", "inputs": ""}),
+    ("/predict", {"model": "embedder", "text": [""]}),
+    ("/classify", {"model": "sentiment", "inputs": ["a", ""]}),
+    ("/classify", {"model": "sentiment", "input": [""]}),
+    ("/classify_tokens", {"inputs": ""}),
+    ("/fill_mask", {"inputs": [""]}),
+    ("/tokenize", {"inputs": ""}),
+    ("/", {"model": "embedder", "inputs": ""}),
+    ("/v1/embeddings", {"input": ""}),
+    ("/v1/embeddings", {"input": ["a", ""]}),
+    ("/embeddings", {"input": [""]}),
+    ("/v1/embed", {"model": "embedder", "texts": [""]}),
+    ("/v2/embed", {"model": "embedder", "texts": [""], "embedding_types": ["float"]}),
+    ("/v1/rerank", {"query": QUERY, "documents": [""]}),
+    ("/v2/rerank", {"query": QUERY, "documents": [{"text": ""}]}),
+    ("/score", {"model": "reranker", "text_1": "", "text_2": ["a"]}),
+    ("/v2/models/embedder/infer",
+     {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": [""]}]}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("path", "body"), EMPTY_TEXTS)
+async def test_an_empty_text_is_422_on_every_route(
+    client: httpx.AsyncClient, path: str, body: dict[str, Any]
+) -> None:
+    """As docs/apis.md says: a refused empty string has one status wherever it is sent, the
+    route's own error form around it."""
+    answer = await client.post(path, json=body)
+    assert answer.status_code == 422, answer.text
+    assert error_of(answer)[0] == "invalid_input"
+    assert "empty" in error_of(answer)[1]
 
 
 async def test_a_long_pair_is_cut_when_truncate_is_asked(

@@ -462,20 +462,21 @@ async def test_a_vllm_cut_shorter_than_the_model_is_refused(client: httpx.AsyncC
 
 
 @pytest.mark.parametrize(
-    ("inputs", "said"),
+    ("inputs", "status", "said"),
     [
-        ("", "body: inputs: String should have at least 1 character"),
-        ([""], "body: inputs.0: String should have at least 1 character"),
-        ([["0"]], "body: inputs.0.0: Input should be a valid integer"),
-        (5, "body: inputs: Input should be a valid string or a valid list"),
+        ("", 422, "body: inputs: empty (a text holds at least one character)"),
+        ([""], 422, "body: inputs.0: empty (a text holds at least one character)"),
+        ([["0"]], 400, "body: inputs.0.0: Input should be a valid integer"),
+        (5, 400, "body: inputs: Input should be a valid string or a valid list"),
     ],
 )
 async def test_a_refused_body_names_its_field_not_the_types_a_union_tried(
-    client: httpx.AsyncClient, inputs: Any, said: str
+    client: httpx.AsyncClient, inputs: Any, status: int, said: str
 ) -> None:
     """A body that none of a field's forms takes is refused naming the field by its path in
     the body, the likeliest reason first (the branch that went deepest), never pydantic's
-    names of the types it tried (what huggingface_hub shows its user)."""
+    names of the types it tried (what huggingface_hub shows its user). An empty text is
+    invalid input (422), as on every route; a body of the wrong shape is malformed (400)."""
     refused = await client.post("/embed", json={"inputs": inputs})
-    assert refused.status_code == 400
+    assert refused.status_code == status
     assert error_of(refused)[1] == said

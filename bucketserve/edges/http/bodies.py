@@ -14,11 +14,8 @@ from bucketserve.core.calls import Inputs, Sequences, Texts
 from bucketserve.core.layout import Outputs
 from bucketserve.core.model import Truncation
 from bucketserve.core.tasks.classifier import WINDOW
-from bucketserve.edges.http.schemas import Integer, Lenient
+from bucketserve.edges.http.schemas import Integer, Lenient, Text
 from bucketserve.errors import InvalidInput
-
-Text = Annotated[StrictStr, Field(min_length=1)]
-
 
 # vLLM's `truncate_prompt_tokens`, as its clients send it: -1 is the model's max_length, where
 # a text is cut here too; a count below it would cut shorter than this server ever does, and

@@ -29,7 +29,6 @@ from bucketserve.edges.http.bodies import (
     PROMPT_CUT,
     LongInputs,
     PromptCut,
-    Text,
     ranked,
     window_of,
 )
@@ -37,7 +36,7 @@ from bucketserve.edges.http.common import (
     json_response,
     request_id,
 )
-from bucketserve.edges.http.schemas import Integer, Lenient, Positive
+from bucketserve.edges.http.schemas import Integer, Lenient, Positive, Text
 from bucketserve.edges.http.task_call import body_of, post, run
 from bucketserve.errors import InvalidInput, quoted
 
@@ -54,7 +53,7 @@ class EmbedBody(Lenient):
     said)."""
 
     model: StrictStr | None = Field(None, min_length=1)
-    texts: list[Annotated[StrictStr, Field(min_length=1)]] = Field(min_length=1)
+    texts: list[Text] = Field(min_length=1)
     input_type: StrictStr | None = Field(
         None, description="search_query, search_document...: the model's prompt for it, if any"
     )

@@ -28,13 +28,13 @@ from bucketserve.core.tasks.embedding import EMBEDDING, Embed
 from bucketserve.edges.http.bodies import (
     LONG_INPUTS,
     LongInputs,
-    Text,
     TextOptions,
     ranked,
     refuse_prompt_for_pairs,
     window_of,
 )
 from bucketserve.edges.http.common import engine_of, json_response, request_id
+from bucketserve.edges.http.schemas import Text
 from bucketserve.edges.http.task_call import body_of, post, run
 from bucketserve.errors import InvalidInput, TaskNotServed
 

@@ -9,12 +9,23 @@ fields that server ignores, and says which.
 
 from __future__ import annotations
 
+import copy
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictStr,
+    ValidationError,
+    WithJsonSchema,
+)
+from pydantic_core import PydanticCustomError
 
 from bucketserve.edges.tensors import Datatype
-from bucketserve.errors import MalformedRequest
+from bucketserve.errors import InvalidInput, MalformedRequest
 
 NAME = Field(min_length=1, max_length=256)
 
@@ -41,33 +52,80 @@ class Lenient(BaseModel):
         return sorted([*(self.model_extra or {}), *nested])
 
 
+EMPTY = "empty_text"  # the error of an empty text: a client's invalid input (422), as elsewhere
+
+
+def _not_empty(text: str) -> str:
+    if not text:
+        raise PydanticCustomError(EMPTY, "empty (a text holds at least one character)")
+    return text
+
+
+# A text a route reads: a string of at least one character. An empty one is refused as every
+# route refuses it (422, as the core refuses one it is given), not as a malformed body (400).
+Text = Annotated[
+    StrictStr, AfterValidator(_not_empty), WithJsonSchema({"type": "string", "minLength": 1})
+]
+
+
 def validate(schema: type[BaseModel], body: Any, where: str) -> Any:
-    """`body` as `schema`, or MalformedRequest naming the fields that are wrong (`problems`)."""
+    """`body` as `schema`, or MalformedRequest naming the fields that are wrong (`problems`);
+    InvalidInput naming the empty texts where they are all that is wrong."""
     try:
         return schema.model_validate(body)
     except ValidationError as exc:
-        raise MalformedRequest(f"{where}: {problems(exc, where)}") from None
+        said = problems(exc, where)
+        if _only_empty_texts(schema, body, exc):
+            said = [problem for problem in said if EMPTY in problem[2]]
+            message = f"{where}: " + "; ".join(f"{path}: {text}" for path, text, _ in said)
+            raise InvalidInput(message, param=said[0][0].split(".")[0]) from None
+        message = f"{where}: " + "; ".join(f"{path}: {text}" for path, text, _ in said)
+        raise MalformedRequest(message) from None
 
 
-def problems(exc: ValidationError, where: str) -> str:
+def _only_empty_texts(schema: type[BaseModel], body: Any, exc: ValidationError) -> bool:
+    """Whether `body` is refused for its empty texts alone: with each filled, it is valid. (A
+    union's other forms fail too where a text is empty, so the errors alone cannot tell.)"""
+    places = [e["loc"] for e in exc.errors() if e["type"] == EMPTY]
+    if not places:
+        return False
+    filled = copy.deepcopy(body)
+    try:
+        for loc in places:
+            *path, last = [p for p in loc if not _union_branch(p)]
+            holder = filled
+            for part in path:
+                holder = holder[part]
+            holder[last] = "-"
+        schema.model_validate(filled)
+    except (ValidationError, LookupError, TypeError, ValueError):  # (or a path not followed)
+        return False
+    return True
+
+
+def problems(exc: ValidationError, where: str) -> list[tuple[str, str, set[str]]]:
     """What is wrong, as a client reads it: each field by its path in the body (not by the
     types a union tried), the likeliest first: a value that broke a bound before one of
     another type, the branch that went deepest before one that failed at once; the types a
-    field could have been, together. At most three fields."""
-    found: dict[str, list[tuple[bool, int, str]]] = {}
+    field could have been, together. At most three fields, each with its message and the
+    kinds of error said."""
+    found: dict[str, list[tuple[bool, int, str, str]]] = {}
     for error in exc.errors():
         parts = [str(p)[:32] for p in error["loc"] if not _union_branch(p)]
-        a_type = str(error["type"]).endswith("_type")
-        found.setdefault(".".join(parts) or where, []).append((a_type, -len(parts), error["msg"]))
+        kind = str(error["type"])
+        ranked_as = (kind.endswith("_type"), -len(parts), error["msg"], kind)
+        found.setdefault(".".join(parts) or where, []).append(ranked_as)
     ranked = sorted(found.items(), key=lambda item: min(item[1])[:2])
-    said: list[tuple[str, str]] = []
+    said: list[tuple[str, str, set[str]]] = []
     for path, errors in ranked:
-        if any(other.startswith(path + ".") for other, _ in said):
+        if any(other.startswith(path + ".") for other, _, _ in said):
             continue  # (another branch of a union that went deeper already said it)
         best = min(errors)[:2]
-        first, *others = dict.fromkeys(m for *rank, m in errors if tuple(rank) == best)
-        said.append((path, " or ".join([first, *(m.removeprefix(SHOULD) for m in others)])))
-    return "; ".join(f"{path}: {message}" for path, message in said[:3])
+        chosen = [(m, kind) for a_type, depth, m, kind in errors if (a_type, depth) == best]
+        first, *others = dict.fromkeys(m for m, _ in chosen)
+        message = " or ".join([first, *(m.removeprefix(SHOULD) for m in others)])
+        said.append((path, message, {kind for _, kind in chosen}))
+    return said[:3]
 
 
 SHOULD = "Input should be "

@@ -28,14 +28,13 @@ from bucketserve.core.tasks.entities import ENTITIES, TagTokens
 from bucketserve.core.tasks.fill_mask import GUESSES, FillMask
 from bucketserve.edges.http.bodies import (
     LongInputs,
-    Text,
     TextOptions,
     TextsBody,
     ranked,
     refuse_prompt_for_pairs,
 )
 from bucketserve.edges.http.common import json_response
-from bucketserve.edges.http.schemas import Lenient, Positive
+from bucketserve.edges.http.schemas import Lenient, Positive, Text
 from bucketserve.edges.http.task_call import body_of, post, run
 from bucketserve.errors import InvalidInput
 

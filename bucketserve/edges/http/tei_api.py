@@ -31,7 +31,6 @@ from bucketserve.edges.http.bodies import (
     LONG_INPUTS,
     InputsBody,
     LongInputs,
-    Text,
     TextCut,
     TextOptions,
     ranked,
@@ -39,7 +38,7 @@ from bucketserve.edges.http.bodies import (
     window_of,
 )
 from bucketserve.edges.http.common import engine_of, json_response, limits_of
-from bucketserve.edges.http.schemas import ErrorBody, Integer, Lenient, Positive
+from bucketserve.edges.http.schemas import ErrorBody, Integer, Lenient, Positive, Text
 from bucketserve.edges.http.task_call import READ, body_of, post, run
 
 router = APIRouter(tags=["text-embeddings-inference"])
