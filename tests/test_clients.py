@@ -104,7 +104,7 @@ def test_huggingface_hubs_inference_client(retrieval: str, labels: str, st_model
                                            task_repository: Repository) -> None:  # fmt: skip
     """InferenceClient with the server's URL as its model, as TEI's docs set it up: feature
     extraction (at the root and at /embed), sentence similarity, text and token
-    classification."""
+    classification (at /classify_tokens, and at the root with the task's parameters)."""
     from huggingface_hub import InferenceClient
 
     want = st_model.encode(BATCH[:1], normalize_embeddings=True)
@@ -128,6 +128,17 @@ def test_huggingface_hubs_inference_client(retrieval: str, labels: str, st_model
         (w["word"], w["start"], w["end"]) for w in wanted
     ]
     for element, w in zip(tagged, wanted, strict=True):
+        assert element.score == pytest.approx(float(w["score"]), abs=TOLERANCE)
+    # at the server's URL, whose default model classifies texts: the task's parameters say
+    # it is token classification, answered by the tagger as one list for the one text
+    grouped = InferenceClient(model=labels).token_classification(
+        "Alice met Bob in Paris", aggregation_strategy="simple"
+    )
+    wanted = task_repository.tagger.entities("Alice met Bob in Paris", "simple")
+    assert [(e.entity_group, e.word, e.start, e.end) for e in grouped] == [
+        (w["entity_group"], w["word"], w["start"], w["end"]) for w in wanted
+    ]
+    for element, w in zip(grouped, wanted, strict=True):
         assert element.score == pytest.approx(float(w["score"]), abs=TOLERANCE)
 
 

@@ -137,6 +137,14 @@ async def test_the_root_answers_the_models_own_task(
         assert answer.json() == want.json()
     default = await client.post("/", json={"inputs": "a cat"})  # (the default model: embedder)
     assert default.json() == (await client.post("/embed", json={"inputs": "a cat"})).json()
+    for given in ({"aggregation_strategy": "simple"}, {"ignore_labels": []}, {"stride": 4}):
+        # (huggingface_hub's token_classification: its parameters say the task)
+        body = {"inputs": "Alice met Bob", "parameters": given}
+        tagged = await client.post("/", json=body)
+        alone = await client.post("/classify_tokens", json=body)
+        assert tagged.status_code == 200, tagged.text
+        assert tagged.json() == alone.json()
+        assert all(isinstance(entity, dict) for entity in tagged.json())  # (one text: one list)
     colbert = await client.post("/", json={"model": "colbert", "inputs": "a"})
     assert colbert.status_code == 400
     assert "serves none of the tasks of the root" in error_of(colbert)[1]

@@ -10,8 +10,9 @@ read: `common.read_json` parses it once).
   (`query`, `documents`).
 - `POST /` (TEI's root; `/invocations`, SageMaker's): the default model's own task, as TEI
   serves it and huggingface_hub's `InferenceClient` calls it with a server's URL: a
-  similarity body (`inputs` of `source_sentence` and `sentences`) or a rerank body (`query`),
-  else what the model does: embed, sparse weights, its tokens' labels or its labels.
+  similarity body (`inputs` of `source_sentence` and `sentences`), a rerank body (`query`), a
+  token-classification body (Hugging Face's `parameters` of that task), else what the model
+  does: embed, sparse weights, its tokens' labels or its labels.
 """
 
 from __future__ import annotations
@@ -80,6 +81,9 @@ ROOT_BODIES = (
     tasks.ClassifyBody,
     tasks.TokensBody,
 )
+# The parameters of Hugging Face's token-classification task, which huggingface_hub's
+# `token_classification` sends (those given) in a body otherwise the same as the other tasks'
+TOKEN_PARAMETERS = frozenset({"aggregation_strategy", "ignore_labels", "stride"})
 # What a model at the root does, in the order TEI's root chooses (an embedding model embeds,
 # a SPLADE one answers sparse weights); then the taggers and classifiers it does not serve.
 ROOT_TASKS: tuple[tuple[Task, Route], ...] = (
@@ -97,6 +101,9 @@ async def root(request: Request) -> Response:
         return await tei_api.similarity(request)
     if isinstance(body, dict) and "query" in body:
         return await rerank_route(body)(request)
+    parameters = body.get("parameters") if isinstance(body, dict) else None
+    if isinstance(parameters, dict) and TOKEN_PARAMETERS & parameters.keys():
+        return await tasks.classify_tokens(request)  # (the tagger's, whichever is the default)
     registry = engine_of(request).registry
     named = body.get("model") if isinstance(body, dict) else None
     model = registry.resolve(named if isinstance(named, str) and registry.knows(named) else None)
