@@ -79,10 +79,11 @@ class App:
     """The server in-process, its event loop in a thread of its own, asked from sync code (a
     Hypothesis test) one request at a time."""
 
-    def __init__(self, models: Path) -> None:
+    def __init__(self, models: Path, **given: Any) -> None:
         self._loop = asyncio.new_event_loop()
         self._ready: Future[httpx.AsyncClient] = Future()
         self._stop = asyncio.Event()
+        self._given = given  # (settings beside the suite's own)
         self._thread = threading.Thread(target=self._run, args=(models,), daemon=True)
         self._thread.start()
         self.client = self._ready.result(timeout=300)
@@ -90,7 +91,7 @@ class App:
 
     def _run(self, models: Path) -> None:
         async def main() -> None:
-            engine = load_engine(Settings(models=models, max_sequences=64))
+            engine = load_engine(Settings(models=models, max_sequences=64, **self._given))
             async with serving(engine) as client:
                 self._ready.set_result(client)
                 await self._stop.wait()
@@ -114,18 +115,32 @@ class App:
 
 
 @pytest.fixture(scope="module")
-def app(task_repository: TaskRepository, tmp_path_factory: pytest.TempPathFactory) -> Iterator[App]:
-    """The task exports served with texts cut at CHARS characters; the inputs each route was
-    sent are printed at the end (pytest -s)."""
+def task_models(task_repository: TaskRepository, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The task exports, their texts cut at CHARS characters."""
     models = tmp_path_factory.mktemp("differential") / "models"
     shutil.copytree(task_repository.models, models)
     for config in models.glob("*/config.toml"):
         text = config.read_text()
         config.write_text(text.replace("[tokenizer]\n", f"[tokenizer]\nmax_chars = {CHARS}\n"))
-    served = App(models)
+    return models
+
+
+@pytest.fixture(scope="module")
+def app(task_models: Path) -> Iterator[App]:
+    """The task exports served as the server starts by default; the inputs each route was
+    sent are printed at the end (pytest -s)."""
+    served = App(task_models)
     yield served
     served.close()
     print("\ndifferential suite, inputs per route:", dict(sorted(served.counts.items())))
+
+
+@pytest.fixture(scope="module")
+def uncut_app(task_models: Path) -> Iterator[App]:
+    """The task exports served with --no-auto-truncate."""
+    served = App(task_models, auto_truncate=False)
+    yield served
+    served.close()
 
 
 class References:
@@ -371,6 +386,108 @@ def test_kserve_v2_text(app: App, refs: References, tier: str) -> None:
             want = refs.states(t, side)
             close(row[: len(want)], want)
             assert not row[len(want) :].any()
+
+    check()
+
+
+# -- TEI's routes with no `truncate`: the server's --auto-truncate, as TEI's default -------
+
+# TEI's --auto-truncate: on by default since TEI 1.9.0 (its docs/source/en/cli_arguments.md:
+# "Defaults to `true`"); off, a text past the model's length is refused (TEI: 422 since 1.9,
+# 413 before). Every TEI route, its body without `truncate`, on a server started as by
+# default (cut, equal to the reference's cut text) and with --no-auto-truncate (refused
+# naming `truncate` where the reference says too long, else the same answer).
+TEI_ROUTES = ["/embed", "/", "/embed_all", "/embed_sparse", "/similarity", "/rerank",
+              "/predict", "/classify", "/classify_tokens"]  # fmt: skip
+
+
+def tei_body(path: str, batch: list[str], query: str) -> dict[str, Any]:
+    """`path`'s body for `batch`, as TEI's clients send it: no `truncate`."""
+    if path == "/similarity":
+        given = {"source_sentence": batch[0], "sentences": batch[1:] or batch}
+        return {"model": "embedder", "inputs": given}
+    if path == "/rerank":
+        return {"model": "reranker", "query": query, "texts": batch, "raw_scores": True}
+    model = {"/embed_sparse": "splade", "/predict": "sentiment", "/classify": "sentiment",
+             "/classify_tokens": "tagger"}.get(path, "embedder")  # fmt: skip
+    return {"model": model, "inputs": batch if len(batch) != 2 else batch[:1]}
+
+
+def tei_sequences(path: str, batch: list[str], query: str) -> list[tuple[str, str | None]]:
+    """The texts (or pairs) a TEI body of `batch` holds, as `tei_body` makes it."""
+    if path == "/similarity":
+        return [(t, None) for t in [batch[0], *(batch[1:] or batch)]]
+    if path == "/rerank":
+        return [(query, t) for t in batch]
+    return [(t, None) for t in (batch if len(batch) != 2 else batch[:1])]
+
+
+def assert_tei_answer(refs: References, path: str, body: dict[str, Any], got: Any) -> None:
+    """`got` (a 200's body) against the references, each text cut at the model's length."""
+    if path in ("/embed", "/"):
+        for vector, t in zip(got, body["inputs"], strict=True):
+            close(vector, refs.embedding(t))
+    elif path == "/embed_all":
+        for states, t in zip(got, body["inputs"], strict=True):
+            close(states, refs.states(t))
+    elif path == "/embed_sparse":
+        special = [vocabulary()[t] for t in SPECIALS]
+        for weights, t in zip(got, body["inputs"], strict=True):
+            logits = refs.logits(refs.repository.splade, t, None, "right", "splade")
+            want = np.log1p(np.maximum(logits, 0)).max(axis=0)
+            want[special] = 0
+            assert [w["index"] for w in weights] == np.flatnonzero(want > 0).tolist()
+            close([w["value"] for w in weights], want[want > 0])
+    elif path == "/similarity":
+        given = body["inputs"]
+        source, *others = (refs.embedding(t) for t in [given["source_sentence"],
+                                                          *given["sentences"]])  # fmt: skip
+        close(got, [float(np.dot(source, other)) for other in others])
+    elif path == "/rerank":
+        reranker = refs.repository.reranker.model
+        for r in got:
+            doc = body["texts"][r["index"]]
+            close(r["score"], float(refs.logits(reranker, body["query"], doc, "right",
+                                                "reranker")[0]))  # fmt: skip
+    elif path in ("/predict", "/classify"):
+        texts_ = body["inputs"]
+        answers = [got] if isinstance(texts_, str) else got
+        for scores, t in zip(answers, [texts_] if isinstance(texts_, str) else texts_,
+                             strict=True):  # fmt: skip
+            want = refs.classify(t, top_k=None, truncation=True,
+                                 max_length=refs.max_length["sentiment"])  # fmt: skip
+            expected = {w["label"]: w["score"] for w in want}
+            close([s["score"] for s in scores], [expected[s["label"]] for s in scores])
+    else:  # /classify_tokens
+        for found, t in zip(got, body["inputs"], strict=True):
+            want = list(refs.tag(t, aggregation_strategy="none"))
+            assert [(e["word"], e["start"], e["end"]) for e in found] == [
+                (w["word"], w["start"], w["end"]) for w in want
+            ]
+            close([e["score"] for e in found], [float(w["score"]) for w in want])
+
+
+@pytest.mark.parametrize("tier", TIERS)
+def test_tei_routes_without_truncate_follow_auto_truncate(
+    app: App, uncut_app: App, refs: References, tier: str
+) -> None:
+    """A text past the model's length with no `truncate`: cut where the server auto-truncates
+    (its default, as TEI's), refused naming `truncate` where it does not."""
+
+    @sweep(tier)
+    @given(batch=texts, query=text, path=st.sampled_from(TEI_ROUTES), auto=st.booleans())
+    def check(batch: list[str], query: str, path: str, auto: bool) -> None:
+        refs.fast.truncation_side = "right"
+        body = tei_body(path, batch, query)
+        sequences = tei_sequences(path, batch, query)
+        answer = (app if auto else uncut_app).post(path, body, len(sequences))
+        model = body["model"]
+        if not auto and any(refs.too_long(model, a, b) for a, b in sequences):
+            assert refused(answer)
+            assert "truncate" in answer.json()["error"]
+            return
+        assert answer.status_code == 200, answer.text
+        assert_tei_answer(refs, path, body, answer.json())
 
     check()
 
