@@ -4,10 +4,12 @@ vain, nothing admitted lost, nothing hangs."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 
 import numpy as np
+import pytest
 
 from bucketserve.core.calls import Call, Sequences
 from bucketserve.core.engine import Engine
@@ -142,3 +144,20 @@ async def test_text_meeting_a_full_queue_is_refused_before_it_is_tokenised() -> 
         assert [(await r).status_code for r in (running, queued)] == [200, 200]
     assert refused.status_code == 503
     assert error_of(refused)[0] == "unavailable"
+
+
+async def test_buckets_longer_than_a_request_may_hold_are_said_with_the_flag(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A model whose buckets reach past --max-request-tokens (audio clips of 320,000 samples
+    beside the default 65,536): said at start, naming the flag, and a request refused past
+    it names the flag too."""
+    model, _ = fake_model(edges=(8, 128))
+    engine = Engine(Registry({model.name: model}, model.name), Settings(max_request_tokens=64))
+    with caplog.at_level(logging.WARNING, logger="bucketserve.core.engine"):
+        async with serving(engine) as client:
+            refused = await client.post("/predict", json={"sequences": [list(range(1, 100))]})
+    assert "buckets reach 128 steps" in caplog.text
+    assert "--max-request-tokens" in caplog.text
+    assert refused.status_code == 422
+    assert "--max-request-tokens" in error_of(refused)[1]

@@ -275,3 +275,53 @@ def test_the_checks_sequences_never_hold_a_reserved_id() -> None:
     rules = SequenceRules(np.dtype(np.int64), max_length=64, vocab_size=3, reserved_ids=(0,))
     drawn = np.concatenate(random_sequences(rules, [64] * 20, seed=1))
     assert set(drawn.tolist()) == {1, 2}
+
+
+def test_an_output_of_one_value_a_row_is_checked_and_served(tmp_path: Path) -> None:
+    """An export whose output is [batch] (a score per sequence, no other axis): each row's
+    answer is a 0-d array, which the check compares as any other (it raised TypeError, and
+    the model did not load)."""
+    from modelgen.graphs import encoder
+    from tests.helpers import ENCODER_CONFIG
+
+    graph = encoder(vocab=300, dim=32, heads=4, seed=5)
+    axes = numpy_helper.from_array(np.array([1], np.int64), "score_axes")
+    graph.graph.initializer.append(axes)
+    graph.graph.node.append(
+        helper.make_node("ReduceMean", ["sentence_embedding", "score_axes"], ["score"], keepdims=0)
+    )
+    graph.graph.output.append(helper.make_tensor_value_info("score", TensorProto.FLOAT, ["batch"]))
+    folder = tmp_path / "scored"
+    save_model(graph, folder / "1" / "model.onnx")
+    config = ENCODER_CONFIG.format(
+        binding="shared-session",
+        mode="bucketing",
+        vocab=300,
+        buckets=[16, 64],
+        max_batch_size=8,
+        max_batch_tokens=512,
+    )
+    (folder / "config.toml").write_text(config + "[outputs.score]\n")
+    spec = load_model_spec(folder)
+    assert spec is not None
+    model = build_model(spec, cache_dir=tmp_path / "cache")
+    assert model.plan.policy is Policy.BUCKETS
+    sequences = random_sequences(model.info.rules, [5, 30, 12], seed=2)
+    together = model.predict(sequences)
+    for sequence, answer in zip(sequences, together, strict=True):
+        (alone,) = model.predict([sequence])
+        assert answer["score"].shape == ()
+        assert difference(answer["score"], alone["score"]) <= 1e-6
+
+
+def test_integer_features_are_drawn_at_the_levels_real_ones_have() -> None:
+    """16-bit audio samples for the check: a tenth of the range, not a standard normal's
+    near silence (+-3); scaled rows quiet, plain and loud (clipped), never wrapped around."""
+    rules = SequenceRules(np.dtype(np.int16), 16000)
+    (plain,) = random_sequences(rules, [16000], seed=1)
+    assert 2000 < np.abs(plain.astype(np.float64)).mean() < 4000
+    ordinary, quiet, loud, _ = random_sequences(rules, [16000] * 4, seed=1, scaled=True)
+    assert np.abs(quiet).max() < 30
+    assert loud.min() == -32768
+    assert loud.max() == 32767
+    assert np.abs(ordinary.astype(np.float64)).mean() > 2000

@@ -276,3 +276,27 @@ async def test_minilm_folder_imported_embeds_as_sentence_transformers(
             states = bert(input_ids=ids, attention_mask=torch.ones_like(ids)).last_hidden_state
             want = torch.nn.functional.normalize(states.mean(dim=1), p=2, dim=1)[0].numpy()
             np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+def test_names_an_exporter_made_up_are_quoted_and_said(tmp_path: Path) -> None:
+    """An output named `onnx::Identity_7` (an exporter's own name): written quoted, so the
+    config it writes parses and loads, and the import says whose name it is."""
+    import onnx
+    from onnx import helper
+
+    folder = write_export(tmp_path / "export")
+    graph = onnx.load(str(folder / "model.onnx"))
+    graph.graph.node.append(
+        helper.make_node("Identity", ["last_hidden_state"], ["onnx::Identity_7"])
+    )
+    states = next(o for o in graph.graph.output if o.name == "last_hidden_state")
+    made_up = onnx.ValueInfoProto()
+    made_up.CopyFrom(states)
+    made_up.name = "onnx::Identity_7"
+    graph.graph.output.append(made_up)
+    onnx.save(graph, str(folder / "model.onnx"))
+    imported = import_model(folder, tmp_path / "models", "made-up")
+    assert '[outputs."onnx::Identity_7"]' in imported.config
+    assert "onnx::Identity_7" in tomllib.loads(imported.config)["outputs"]
+    assert any("'onnx::Identity_7'" in note and "made up" in note for note in imported.notes)
+    assert "onnx::Identity_7" in imported.model.info.layout.output_names

@@ -157,6 +157,14 @@ class Engine:
             reuse=reuse,
             memory=self.memory,
         )
+        if info.plan.max_length > self.settings.max_request_tokens:
+            log.warning(
+                "model %s: its buckets reach %d steps, but a request may hold %d at most: a "
+                "longer sequence is refused (422); raise --max-request-tokens to serve them",
+                model.name,
+                info.plan.max_length,
+                self.settings.max_request_tokens,
+            )
         task = asyncio.create_task(scheduler.run(), name=f"scheduler-{model.name}")
         self._served[model] = Running(scheduler, task)
         metrics.watch_bound_keys(model.name, model.executor.bound_key_count)
@@ -271,7 +279,8 @@ class Engine:
         limit = self.settings.max_request_tokens
         if tokens > limit:
             raise InvalidInput(
-                f"the request holds {tokens} tokens, more than the limit of {limit} per request"
+                f"the request holds {tokens} tokens, more than the limit of {limit} per request "
+                "(the server's --max-request-tokens)"
             )
 
     @staticmethod

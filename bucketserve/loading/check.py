@@ -82,10 +82,21 @@ def random_sequences(
     `scaled`: features rows of very different magnitude (`SCALES`)."""
     rng = np.random.default_rng(seed)
     if rules.vocab_size is None:
+        # Integer features (16-bit audio samples) at the levels real ones have: a tenth of
+        # the type's range, clipped to it (a standard normal would be near silence, +-3)
+        dtype = np.dtype(rules.dtype)
+        level = np.iinfo(dtype).max / 10 if dtype.kind in "iu" else 1.0
+        low, high = (
+            (np.iinfo(dtype).min, np.iinfo(dtype).max) if dtype.kind in "iu" else (None, None)
+        )
         return [
-            (rng.standard_normal((n, *rules.step_shape)) * (SCALES[i % 4] if scaled else 1)).astype(
-                rules.dtype
-            )
+            np.clip(
+                rng.standard_normal((n, *rules.step_shape))
+                * level
+                * (SCALES[i % 4] if scaled else 1),
+                low,
+                high,
+            ).astype(dtype)
             for i, n in enumerate(lengths)
         ]
     allowed = np.setdiff1d(np.arange(rules.vocab_size), rules.reserved_ids)
@@ -98,7 +109,10 @@ def difference(together: np.ndarray, alone: np.ndarray) -> float:
     a, b = alone.astype(np.float64), together.astype(np.float64)
     if a.shape != b.shape:
         return float("inf")
-    gap = np.abs(b - a) / (1 + np.abs(a))
+    # (at least 1-d: one value a row, a [batch] output, is a 0-d array per sequence, and
+    # numpy's arithmetic on 0-d arrays gives scalars, which take no assignment)
+    gap = np.atleast_1d(np.abs(b - a) / (1 + np.abs(a)))
+    a, b = np.atleast_1d(a), np.atleast_1d(b)
     gap[np.isnan(a) & np.isnan(b)] = 0.0
     return float(np.nan_to_num(gap, nan=np.inf).max(initial=0.0))
 

@@ -197,6 +197,12 @@ def read_export(folder: Path) -> Export:
     elif not isinstance(vocab_size, int) or vocab_size <= 0:
         raise ConfigError(f"{folder / 'config.json'}: vocab_size: needed, a positive integer")
     outputs = [o.name for o in graph.graph.output]
+    made_up = [name for name in outputs if "::" in name or name.startswith("/")]
+    if made_up:  # (an exporter's own names for tensors the model's code did not name)
+        notes.append(
+            f"outputs {', '.join(map(repr, made_up))}: names the exporter made up, not the "
+            "model's: served under them (quoted in config.toml); name them when you export"
+        )
     classifier = _classifier(model_config, outputs)
     sparse = "logits" in outputs and _is(model_config, "ForMaskedLM")
     tagger = "logits" in outputs and _is(model_config, "ForTokenClassification")
@@ -352,14 +358,14 @@ def config_text(export: Export, source: Path) -> str:
         "",
     ]
     for name, role in export.inputs.items():
-        lines += [f"[inputs.{name}]", f'role = "{role}"']
+        lines += [f"[inputs.{_key(name)}]", f'role = "{role}"']
         if role == "tokens":
             lines += [f"vocab_size = {export.vocab_size}", f"pad_value = {export.pad_id}"]
         if role == "mask":  # (transformers' attention_mask: ones on the tokens, 0 at padding)
             lines += ["pad_value = 0"]
         lines.append("")
     for name in export.outputs:
-        lines += [f"[outputs.{name}]", ""]
+        lines += [f"[outputs.{_key(name)}]", ""]
     if export.embedding is not None:
         rule = export.embedding
         lines += [
@@ -406,6 +412,12 @@ def config_text(export: Export, source: Path) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _key(name: str) -> str:
+    """A graph's tensor name as a TOML key: bare where TOML allows it, else quoted (an
+    exporter's `onnx::Shape_422`)."""
+    return name if re.fullmatch(r"[A-Za-z0-9_-]+", name) else json.dumps(name)
 
 
 def _toml(strings: list[str]) -> str:
