@@ -4,15 +4,17 @@ load of 1 to 8,192 tokens gets.
 A tiny ModernBERT embedder at its real 8,192 tokens (`modelgen.long_context`) is imported by
 the command as a user runs it, then served (`bucketserve serve`, a process of its own) with
 `--memory-budget`; `--clients` closed-loop clients send texts of lengths drawn uniformly from 1
-to past the model's 8,192 tokens (a text a request, `/v1/embeddings`), and then short texts
-alone, for the short texts' latency on an idle server. The server's Pss (proportional set
-size) is read every 20 ms throughout. Reported: requests answered (200) and refused (413: a
+to past the model's 8,192 tokens (`mixed_lengths`: half short, up to 256 tokens, as queries
+are; half spread to past the context, as documents are; a text a request, `/v1/embeddings`),
+after the short texts alone, for their latency on an idle server (sent twice: the first time
+binds their buckets). The server's Pss (proportional set size) is read every 20 ms
+throughout the mixed load. Reported: requests answered (200) and refused (413: a
 batch of one that long would not fit), sequences and tokens a second of those answered, the
 latency of short texts (at most 256 tokens) sent while a long one (over 2,048) ran against
 the same texts on the idle server, the most Pss the server held above its idle Pss against
 the budget, and the most the server's gate let running batches need at once.
 
-    python -m loadtest.long_context --budget 600MiB --clients 16 --requests 120
+    python -m loadtest.long_context --budget 600MiB --clients 16 --requests 200
 """
 
 from __future__ import annotations
@@ -85,6 +87,17 @@ def pss_sampled(pid: int) -> Iterator[list[int]]:
     finally:
         done.set()
         sampler.join()
+
+
+def mixed_lengths(count: int, context: int, seed: int = 0) -> list[int]:
+    """`count` lengths in tokens, in a random order: half up to `SHORT`, half spread
+    uniformly from there to 10% past `context`."""
+    rng = np.random.default_rng(seed)
+    short = rng.integers(1, SHORT + 1, count // 2)
+    long = rng.integers(SHORT + 1, int(context * 1.1), count - count // 2)
+    lengths = np.concatenate([short, long])
+    rng.shuffle(lengths)
+    return [int(n) for n in lengths]
 
 
 def texts_of(lengths: Sequence[int], seed: int = 0) -> list[str]:
@@ -174,8 +187,7 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     imported(root / "modernbert", models)
     budget = Settings(memory_budget=args.budget).memory_budget_bytes()
     assert budget is not None
-    rng = np.random.default_rng(args.seed)
-    lengths = [int(n) for n in rng.integers(1, MODERNBERT_CONTEXT + 800, args.requests)]
+    lengths = mixed_lengths(args.requests, MODERNBERT_CONTEXT, args.seed)
     texts = texts_of(lengths, args.seed)
     tokenizer = models / "modernbert" / "1" / "tokenizer.json"
     tokens = counted_tokens(tokenizer, texts, MODERNBERT_CONTEXT)
@@ -184,14 +196,14 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         config = httpx.get(f"{url}/v2/models/modernbert/config", timeout=30).json()
         shorts = [t for t, n in zip(texts, tokens, strict=True) if n <= SHORT]
         short_tokens = [n for n in tokens if n <= SHORT]
-        mixed_load(url, "modernbert", shorts[:8], short_tokens[:8], 4)  # (warm)
+        mixed_load(url, "modernbert", shorts, short_tokens, args.clients)  # (keys bound)
+        alone = mixed_load(url, "modernbert", shorts, short_tokens, args.clients)
         idle = pss(process.pid)
         with pss_sampled(process.pid) as samples:
             began = time.monotonic()
             answered = mixed_load(url, "modernbert", texts, tokens, args.clients)
             took = time.monotonic() - began
         peak_running = metric(scrape(url), "bucketserve_memory_running_peak_bytes")
-        alone = mixed_load(url, "modernbert", shorts, short_tokens, args.clients)
     served = [a for a in answered if a.status == 200]
     beside = beside_long(answered)
     return {
@@ -223,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--budget", default="600MiB", help="the server's --memory-budget")
     parser.add_argument("--clients", type=int, default=16)
-    parser.add_argument("--requests", type=int, default=120)
+    parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, help="the figures as JSON")
     args = parser.parse_args(argv)

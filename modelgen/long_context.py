@@ -99,7 +99,7 @@ def _saved(library: Any, weights: Path, context: int, pooling: str, folder: Path
     `context`, `pooling`, Normalize), saved to `folder` by sentence-transformers."""
     modules = importlib.import_module("sentence_transformers.models")
     transformer = modules.Transformer(str(weights), max_seq_length=context)
-    pooled = modules.Pooling(transformer.get_word_embedding_dimension(), pooling)
+    pooled = modules.Pooling(transformer.get_embedding_dimension(), pooling)
     embedder = library.SentenceTransformer(modules=[transformer, pooled, modules.Normalize()])
     embedder.save(str(folder))
     return embedder

@@ -23,6 +23,7 @@ from loadtest.long_context import (
     beside_long,
     counted_tokens,
     imported,
+    mixed_lengths,
     mixed_load,
     pss,
     pss_sampled,
@@ -62,10 +63,9 @@ def modernbert(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 def load(seed: int = 0) -> tuple[list[str], list[int]]:
-    """100 texts of lengths spread from 1 token to past the context, and the ends."""
-    rng = np.random.default_rng(seed)
+    """100 texts: half short (queries), half spread to past the context, and the ends."""
     lengths = [1, 2, MODERNBERT_CONTEXT, MODERNBERT_CONTEXT + 900]
-    lengths += [int(n) for n in rng.integers(1, MODERNBERT_CONTEXT + 900, 96)]
+    lengths += mixed_lengths(96, MODERNBERT_CONTEXT, seed)
     return texts_of(lengths, seed), lengths
 
 
