@@ -88,27 +88,15 @@ def export_bert(path: Path, attention: str) -> Path:
 
 
 def export_modernbert(path: Path) -> Path:
-    """ModernBertModel, seeded: a global layer, then two with a local window of 128 (as
-    `global_attn_every_n_layers=3` lays them out)."""
+    """ModernBertModel, seeded, as `modelgen.long_context` makes it: a global layer, then two
+    with a local window of 128."""
     import torch
-    from transformers import ModernBertConfig, ModernBertModel
+    from transformers import ModernBertModel
+
+    from modelgen.long_context import modernbert_config
 
     torch.manual_seed(0)
-    config = ModernBertConfig(
-        vocab_size=VOCAB,
-        hidden_size=WIDTH,
-        intermediate_size=2 * WIDTH,
-        num_hidden_layers=3,
-        num_attention_heads=HEADS,
-        max_position_embeddings=POSITIONS,
-        local_attention=128,
-        layer_types=["full_attention", "sliding_attention", "sliding_attention"],
-        pad_token_id=0,
-        cls_token_id=2,
-        sep_token_id=3,
-        bos_token_id=2,
-        eos_token_id=3,
-    )
+    config = modernbert_config(VOCAB)
     return _export(ModernBertModel(config), path, ("input_ids", "attention_mask"))
 
 

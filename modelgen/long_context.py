@@ -43,14 +43,12 @@ def _fast_tokenizer(folder: Path, context: int, **tokens: Any) -> None:
     fast.save_pretrained(folder)
 
 
-def modernbert(root: Path, seed: int = 0) -> Any:
-    """A ModernBERT embedder (3 layers, one of global attention, two local over 128 tokens;
-    mean pooling, normalised) saved by sentence-transformers to `root`/modernbert: the
-    SentenceTransformer, the reference."""
-    torch, transformers, sentence_transformers = _libraries()
-    torch.manual_seed(seed)
-    config = transformers.ModernBertConfig(
-        vocab_size=len(tokenizer().get_vocab()),
+def modernbert_config(vocab_size: int) -> Any:
+    """A ModernBERT's config: 3 layers 32 wide, one of global attention, two of local windows
+    over 128 tokens (as ModernBERT lays them out), 8,192 positions."""
+    _, transformers, _ = _libraries()
+    return transformers.ModernBertConfig(
+        vocab_size=vocab_size,
         hidden_size=32,
         intermediate_size=64,
         num_hidden_layers=3,
@@ -64,6 +62,14 @@ def modernbert(root: Path, seed: int = 0) -> Any:
         bos_token_id=2,
         eos_token_id=3,
     )
+
+
+def modernbert(root: Path, seed: int = 0) -> Any:
+    """A ModernBERT embedder (`modernbert_config`; mean pooling, normalised) saved by
+    sentence-transformers to `root`/modernbert: the SentenceTransformer, the reference."""
+    torch, transformers, sentence_transformers = _libraries()
+    torch.manual_seed(seed)
+    config = modernbert_config(len(tokenizer().get_vocab()))
     weights = root / "modernbert-weights"
     transformers.ModernBertModel(config).eval().save_pretrained(weights)
     _fast_tokenizer(weights, MODERNBERT_CONTEXT, cls_token="[CLS]", sep_token="[SEP]")

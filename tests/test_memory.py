@@ -28,6 +28,7 @@ from bucketserve.runtime.memory import peak_of
 from modelgen.graphs import encoder
 from modelgen.save import save_model
 from tests.fakes import fake_model
+from tests.helpers import ENCODER_CONFIG
 from tests.test_scheduler import scheduler
 
 MIB = 2**20
@@ -182,23 +183,15 @@ def test_load_never_runs_a_shape_serving_cannot(
     save_model(
         encoder(vocab=300, dim=32, heads=4, max_positions=2048, seed=3), folder / "model.onnx"
     )
-    (tmp_path / "long" / "config.toml").write_text(
-        """
-[inputs.input_ids]
-role = "tokens"
-vocab_size = 300
-[inputs.attention_mask]
-role = "mask"
-[inputs.token_type_ids]
-role = "token_types"
-[outputs.last_hidden_state]
-[outputs.sentence_embedding]
-[batching]
-buckets = [16, 64, 256, 1024, 2048]
-max_batch_size = 8
-max_batch_tokens = 2048
-"""
+    config = ENCODER_CONFIG.format(
+        binding="shared-session",
+        mode="bucketing",
+        vocab=300,
+        buckets=[16, 64, 256, 1024, 2048],
+        max_batch_size=8,
+        max_batch_tokens=2048,
     )
+    (tmp_path / "long" / "config.toml").write_text(config)
     spec = load_model_spec(tmp_path / "long")
     assert spec is not None
     budget = 48 * MIB
