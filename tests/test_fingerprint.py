@@ -87,7 +87,7 @@ def test_each_change_to_what_answers_changes_it(entry: Path, change: str) -> Non
 
 def test_the_same_content_keeps_it(entry: Path, tmp_path: Path) -> None:
     """Read again, copied elsewhere, or served otherwise (batch size, bucket edges, aliases,
-    a hidden file beside the graph): the same fingerprint."""
+    files beside the graph that the model does not read): the same fingerprint."""
     first = fingerprint(entry)
     assert first.startswith("sha256:")
     assert len(first) == len("sha256:") + 64
@@ -99,6 +99,9 @@ def test_the_same_content_keeps_it(entry: Path, tmp_path: Path) -> None:
     edit_config("buckets = [16, 24, 32, 40, 48, 56, 64]", "buckets = [32, 64]")(entry)
     (entry / "config.toml").write_text('aliases = ["e5"]\n' + (entry / "config.toml").read_text())
     (entry / "1" / ".DS_Store").write_bytes(b"\0")
+    (entry / "1" / "README.md").write_text("notes on the export")
+    (entry / "1" / "old").mkdir()
+    shutil.copyfile(entry / "1" / "model.onnx", entry / "1" / "old" / "model.onnx")
     assert fingerprint(entry) == first
 
 

@@ -1,12 +1,14 @@
 """The repository's lock: `bucketserve models lock` writes each version's fingerprint;
 `serve --locked` refuses a version whose content changed since, at start and when the poll
 of model control finds it, with the old content still serving; unlocked, the change is
-served and said in a warning with both fingerprints."""
+served and said in a warning with both fingerprints. A change counts wherever the graph
+reads its weights from: an external file of any name, through a folder that is a symlink."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import shutil
 import subprocess
 import sys
@@ -14,6 +16,7 @@ import tomllib
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 
 from bucketserve.errors import ConfigError
@@ -24,7 +27,7 @@ from bucketserve.loading.repository import load_model_spec
 from bucketserve.process.wiring import wire
 from bucketserve.settings import Settings
 from tests.engines import serving
-from tests.test_model_control import NAME, ask, expected, write_version
+from tests.test_model_control import NAME, SEQUENCES, ask, expected, write_version
 
 
 def lock(models: Path) -> str:
@@ -90,6 +93,75 @@ async def test_locked_serves_what_matches_and_refuses_a_changed_version(
         1,
         2,
     ]
+
+
+def weights_moved_to(version: Path, location: str) -> Path:
+    """The version's external weights moved to `location` (relative to its folder), the
+    graph's references with them: where some exporters put them."""
+    graph = onnx.load(str(version / "model.onnx"), load_external_data=False)
+    for tensor in graph.graph.initializer:
+        for entry in tensor.external_data:
+            if entry.key == "location":
+                entry.value = location
+    target = version / location
+    target.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(version / "model.onnx.data", target)
+    onnx.save(graph, str(version / "model.onnx"))
+    return target
+
+
+def weights_in_constants(version: Path, location: str) -> Path:
+    """The version's weights held by Constant nodes, their data in an external file at
+    `location`: no initializer names the file, a node's attribute does."""
+    graph = onnx.load(str(version / "model.onnx"))
+    constants = [
+        onnx.helper.make_node("Constant", [], [t.name], value=t) for t in graph.graph.initializer
+    ]
+    nodes = [*constants, *graph.graph.node]
+    del graph.graph.initializer[:], graph.graph.node[:]
+    graph.graph.node.extend(nodes)
+    (version / "model.onnx.data").unlink()
+    onnx.save_model(graph, str(version / "model.onnx"), save_as_external_data=True,
+                    location=location, size_threshold=1024, convert_attribute=True)  # fmt: skip
+    return version / location
+
+
+def rewritten_in_place(path: Path) -> None:
+    """Every weight of the file negated, its size and mtime kept (`cp` over it, then
+    `touch -r` from a copy): what a scan by size and time cannot see."""
+    before = path.stat()
+    words = np.frombuffer(path.read_bytes(), np.uint32) ^ np.uint32(1 << 31)  # (the sign bits)
+    with path.open("r+b") as file:
+        file.write(words.tobytes())
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = path.stat()
+    assert (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+
+
+@pytest.mark.parametrize("place", ["dot-named", "symlinked-folder", "in-constants"])
+def test_weights_wherever_the_graph_reads_them_are_held_to_the_lock(
+    models: Path, tmp_path: Path, place: str
+) -> None:
+    version = models / NAME / "1"
+    if place == "symlinked-folder":
+        shared = tmp_path / "shared-weights"
+        shared.mkdir()
+        (version / "weights").symlink_to(shared, target_is_directory=True)
+        weights = weights_moved_to(version, "weights/encoder.bin")
+    elif place == "in-constants":
+        weights = weights_in_constants(version, "constants.bin")
+    else:
+        weights = weights_moved_to(version, ".encoder.weights")
+    lock(models)
+    served = load_engine(Settings(models=models, locked=True)).registry.resolve(NAME, "1")
+    rewritten_in_place(weights)
+    with pytest.raises(ConfigError, match=f"model {NAME} version 1 changed since it was locked"):
+        load_engine(Settings(models=models, locked=True))
+    unlocked = load_engine(Settings(models=models)).registry.resolve(NAME, "1")
+    assert unlocked.info.fingerprint != served.info.fingerprint
+    assert unlocked.info.fingerprint.startswith("sha256:")
+    before, after = (m.predict([SEQUENCES[1]])[0]["sentence_embedding"] for m in (served, unlocked))
+    assert not np.allclose(before, after, atol=1e-3)  # (what the fingerprint is for)
 
 
 def test_locked_without_a_lock_names_the_command(models: Path) -> None:

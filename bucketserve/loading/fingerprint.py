@@ -2,8 +2,10 @@
 who keeps answers (vectors in a store) can tell when the model behind a name and version
 changed. Read at load from the repository's files, before any copy the server serves from:
 
-- every file of the version's folder (the graph, its external weights, the tokenizer), each
-  by its path in the folder and its content's digest (hidden files left out);
+- every file the model reads, and no other: the graph, each external data file its tensors
+  name (any name, a hidden one too), the tokenizer; each by the path the graph or the config
+  gives and its content's digest, read where that path leads (a folder that is a symlink
+  included), so that bytes changed in place change it whatever their size and time;
 - the config's fields that change an answer: inputs, outputs, tokenizer, the task sections
   (embedding, classifier, sparse...), prompts, providers and their options, and the batching
   policy and tolerance the config asks for; not those that change only how it is served
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 from bucketserve.loading.digests import Digests
@@ -32,25 +35,31 @@ ANSWERING_BATCHING = ("policy", "tolerance")  # of [batching]: what the check ma
 def fingerprint_of(spec: ModelSpec, digests: Digests | None = None) -> str:
     """`spec`'s fingerprint: `sha256:` and the hex digest of its files and answering config."""
     digests = digests or Digests()
-    folder = spec.onnx_path.parent
-    files = {str(p.relative_to(folder)): p for p in answer_files(folder)}
-    if spec.tokenizer_path is not None and spec.tokenizer_path.parent != folder:
-        files["tokenizer:" + spec.tokenizer_path.name] = spec.tokenizer_path
     content = {
-        "files": {name: digests.of(path) for name, path in sorted(files.items())},
+        "files": {name: digests.of(path) for name, path in sorted(read_files(spec).items())},
         "config": answering_config(spec),
     }
     canonical = json.dumps(content, sort_keys=True, separators=(",", ":"))
     return PREFIX + hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def answer_files(folder: Path) -> list[Path]:
-    """The version folder's files, hidden ones left out, in a fixed order."""
-    return sorted(
-        p
-        for p in folder.rglob("*")
-        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(folder).parts)
-    )
+def read_files(spec: ModelSpec) -> dict[str, Path]:
+    """The files the model reads, by the names the fingerprint gives them: their paths in
+    the version's folder as the graph and the config write them (so a copy elsewhere keeps
+    its fingerprint), a tokenizer outside the folder by its file name."""
+    folder = spec.onnx_path.parent
+    files = {spec.onnx_path.name: spec.onnx_path}
+    files |= {_in(folder, path): path for path in spec.signature.external_files}
+    if spec.tokenizer_path is not None:
+        inside = spec.tokenizer_path.parent == folder
+        named = spec.tokenizer_path.name if inside else "tokenizer:" + spec.tokenizer_path.name
+        files[named] = spec.tokenizer_path
+    return files
+
+
+def _in(folder: Path, path: Path) -> str:
+    """`path` as written under `folder`, not resolved: a symlink's name, not its target's."""
+    return Path(os.path.relpath(path, folder)).as_posix()
 
 
 def answering_config(spec: ModelSpec) -> dict[str, object]:

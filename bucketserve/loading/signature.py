@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -112,7 +112,7 @@ def read_signature(onnx_path: Path, config: ModelConfig) -> Signature:
     files = sorted(
         {
             onnx_path.parent / entry.value
-            for t in graph.initializer
+            for t in _tensors(proto)
             if t.data_location == onnx.TensorProto.EXTERNAL
             for entry in t.external_data
             if entry.key == "location"
@@ -122,3 +122,30 @@ def read_signature(onnx_path: Path, config: ModelConfig) -> Signature:
         if not f.is_file():
             raise fail("external data", f"weights file {f.name} is missing: copy it beside it")
     return Signature(inputs, outputs, tuple(files))
+
+
+def _tensors(proto: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
+    """Every tensor the model stores: initializers (sparse ones too) and the tensors held by
+    nodes' attributes (a Constant's value), in every subgraph and function; any of them may
+    keep its data in an external file, which ONNX Runtime then reads."""
+    graphs = [proto.graph]
+    nodes = [node for function in proto.functions for node in function.node]
+    while graphs or nodes:
+        if graphs:
+            graph = graphs.pop()
+            yield from graph.initializer
+            for sparse in graph.sparse_initializer:
+                yield from (sparse.values, sparse.indices)
+            nodes.extend(graph.node)
+            continue
+        for attribute in nodes.pop().attribute:
+            if attribute.HasField("t"):
+                yield attribute.t
+            yield from attribute.tensors
+            if attribute.HasField("sparse_tensor"):
+                yield from (attribute.sparse_tensor.values, attribute.sparse_tensor.indices)
+            for sparse in attribute.sparse_tensors:
+                yield from (sparse.values, sparse.indices)
+            if attribute.HasField("g"):
+                graphs.append(attribute.g)
+            graphs.extend(attribute.graphs)
