@@ -143,6 +143,24 @@ async def test_a_batch_through_the_sdk_answers_each_line_as_online(served: Any) 
     assert f'route="/v1/embeddings",status="200"}} {len(bodies)}.0' in metrics  # (online only)
 
 
+async def test_each_line_and_the_batch_say_which_content_answered(served: Any) -> None:
+    """A kept answer needs its fingerprint (`docs/versions.md`): each answered line carries
+    the one the route sent online in X-Model-Fingerprint, and the batch object lists every
+    one that answered its lines; a line refused before any model ran carries none."""
+    sdk, client = served
+    online = await client.post("/v1/embeddings", json={"model": "st", "input": "a"})
+    want = online.headers["X-Model-Fingerprint"]
+    lines = [request_line(f"f{i}", {"model": "st", "input": t}) for i, t in enumerate(texts(40))]
+    done = await ran(sdk, [*lines, request_line("empty", {"model": "st", "input": ""})])
+    assert done.status == "completed", done
+    assert done.to_dict()["fingerprints"] == [want]
+    answered = await lines_of(sdk, done.output_file_id)
+    assert {line["response"]["fingerprint"] for line in answered.values()} == {want}
+    refused = (await lines_of(sdk, done.error_file_id))["empty"]["response"]
+    assert refused["status_code"] == 422
+    assert refused["fingerprint"] is None
+
+
 async def test_a_task_route_batch_answers_as_its_route(served: Any) -> None:
     """TEI's /embed, with its own body, line by line as online."""
     sdk, client = served

@@ -21,7 +21,7 @@ import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 import orjson
@@ -41,10 +41,19 @@ RETRIED = (503, 504)
 FINAL = ("completed", "failed", "expired", "cancelled")
 
 
+class Reply(NamedTuple):
+    """A route's answer to one line: its status and body, and the fingerprint of the model
+    version that answered (None where none ran: a body refused before the model)."""
+
+    status: int
+    body: bytes
+    fingerprint: str | None = None
+
+
 class Dispatch(Protocol):
     def __call__(
         self, path: str, body: bytes, tenant: str, request_id: str
-    ) -> Awaitable[tuple[int, bytes]]: ...  # status, body
+    ) -> Awaitable[Reply]: ...
 
 
 class JobFailed(Exception):
@@ -71,6 +80,7 @@ class Runner:
         self.store, self.batch_id, self.engine = store, batch_id, engine
         self.dispatch, self.metrics = dispatch, metrics
         self.folder = store.batch_dir(batch_id)
+        self._fingerprints: list[str] = []  # of the versions that answered, first seen first
         self._cancel = asyncio.Event()
         self._stop = asyncio.Event()
 
@@ -216,22 +226,33 @@ class Runner:
         wait = RETRY_S[0]
         request_id = line_id(self.batch_id, custom_id)  # (the line's, in the log too)
         while True:
-            status, answer = await self.dispatch(endpoint, body, tenant, request_id)
-            if status not in RETRIED:
+            reply = await self.dispatch(endpoint, body, tenant, request_id)
+            if reply.status not in RETRIED:
                 break
             if self._cancel.is_set() or self._stop.is_set():
                 return None
             await asyncio.sleep(wait)
             wait = min(wait * 2, RETRY_S[1])
-        if status == 404 and not self._model_served():
+        if reply.status == 404 and not self._model_served():
             name = self.record.object.get("model")
             raise JobFailed(
                 "model_unavailable",
                 f"{'the default model' if name is None else repr(name)} is no longer served; "
                 "create the batch again once it is",
             )
-        line = output_line(custom_id, status, request_id, answer)
-        return Answered(200 <= status < 300, line, 0)
+        if reply.fingerprint is not None:
+            self._answered_by(reply.fingerprint)
+        line = output_line(custom_id, reply, request_id)
+        return Answered(200 <= reply.status < 300, line, 0)
+
+    def _answered_by(self, fingerprint: str) -> None:
+        """The batch object lists every version's fingerprint that answered a line: one, or
+        more where the content behind the model changed while it ran."""
+        if not self._fingerprints:  # (resumed: those of the lines answered before)
+            self._fingerprints = list(self.record.object.get("fingerprints") or [])
+        if fingerprint not in self._fingerprints:
+            self._fingerprints.append(fingerprint)
+            self.store.update(self.batch_id, fingerprints=self._fingerprints)
 
     def _model_served(self) -> bool:
         return lines.served(self.engine, self.record.object.get("model"))
@@ -377,12 +398,14 @@ def line_id(batch_id: str, custom_id: str) -> str:
     return f"batch_req_{digest}"
 
 
-def output_line(custom_id: str, status: int, request_id: str, body: bytes) -> bytes:
+def output_line(custom_id: str, reply: Reply, request_id: str) -> bytes:
     """A line of the output (or error) file: the route's answer as it sent it (its id, the
-    request's)."""
+    request's), with the fingerprint of the version that answered (its X-Model-Fingerprint
+    online)."""
     head = {"id": request_id, "custom_id": custom_id}
-    response = b'{"status_code":%d,"request_id":%s,"body":%s}' % (
-        status, orjson.dumps(request_id), body or b"null"
+    response = b'{"status_code":%d,"request_id":%s,"fingerprint":%s,"body":%s}' % (
+        reply.status, orjson.dumps(request_id), orjson.dumps(reply.fingerprint),
+        reply.body or b"null",
     )  # fmt: skip
     return orjson.dumps(head)[:-1] + b',"response":' + response + b',"error":null}\n'
 

@@ -103,9 +103,9 @@ class Embed:
         """The route's answer; sent again while the engine has no room for it (503/504)."""
         wait = RETRY_S[0]
         while True:
-            status, answer = await self.dispatch(ROUTE, body, TENANT, f"embed-{i}")
-            if status not in RETRIED:
-                return status, answer
+            reply = await self.dispatch(ROUTE, body, TENANT, f"embed-{i}")
+            if reply.status not in RETRIED:
+                return reply.status, reply.body
             await asyncio.sleep(wait)
             wait = min(wait * 2, RETRY_S[1])
 

@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 from fastapi import Request, Response
 from starlette.types import ASGIApp, Message
 
-from bucketserve.edges.http.common import error_response
-from bucketserve.edges.http.context import BULK
+from bucketserve.edges.http.common import FINGERPRINT, error_response
+from bucketserve.edges.http.context import BULK, NOTES
 from bucketserve.errors import BucketserveError
+from bucketserve.jobs.runner import Reply
 
 Endpoint = Callable[[Request], Awaitable[Response]]
 Settle = Callable[[BaseException, str], BucketserveError]  # (`Failures.settle`)
@@ -30,11 +32,10 @@ class InProcess:
     def __init__(self, app: ASGIApp, endpoints: Mapping[str, Endpoint], settle: Settle) -> None:
         self.app, self.endpoints, self.settle = app, endpoints, settle
 
-    async def __call__(
-        self, path: str, body: bytes, tenant: str, request_id: str
-    ) -> tuple[int, bytes]:
+    async def __call__(self, path: str, body: bytes, tenant: str, request_id: str) -> Reply:
         """POST `body` (JSON) to the route at `path`, as the request `request_id`: its
-        status and body."""
+        status, body and X-Model-Fingerprint."""
+        state: dict[str, Any] = {"request_id": request_id}  # (the route's notes land here)
         scope = {
             "type": "http",
             "app": self.app,
@@ -53,7 +54,7 @@ class InProcess:
             "client": None,
             "server": None,
             "extensions": {BULK: tenant},
-            "state": {"request_id": request_id},
+            "state": state,
         }
         given = False
 
@@ -69,4 +70,5 @@ class InProcess:
             response = await self.endpoints[path](Request(scope, receive))
         except Exception as exc:  # (answered as the application answers it)
             response = error_response(self.settle(exc, f"POST {path}"), path)
-        return response.status_code, bytes(response.body)
+        fingerprint = state.get(NOTES, {}).get(FINGERPRINT)
+        return Reply(response.status_code, bytes(response.body), fingerprint)
