@@ -60,6 +60,14 @@ class Unauthorized(BucketserveError):
     code = "unauthorized"
 
 
+class Forbidden(BucketserveError):
+    """A valid key asking for what it may not: another tenant, by naming it in the tenant
+    header."""
+
+    status = 403
+    code = "forbidden"
+
+
 class ModelControlOff(BucketserveError):
     """A load or unload asked of a server started without --model-control."""
 

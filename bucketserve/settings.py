@@ -7,7 +7,6 @@ text is the CLI's `--help`.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import re
@@ -221,7 +220,9 @@ class Settings:
         default=None,
         metadata={
             "help": "a file of API keys, one a line (# comments), any of which is accepted: "
-            "rotate by adding the new key, then removing the old"
+            "rotate by adding the new key, then removing the old; a line may be a tenant's "
+            "name then its key, and end in `gateway` for a key that may name tenants in "
+            "--tenant-header"
         },
     )
     priority_levels: int = field(
@@ -253,15 +254,16 @@ class Settings:
     max_file_mb: float = field(
         default=512, metadata={"help": "the largest file a batch may upload, in MiB"}
     )
-    max_files: int = field(default=100, metadata={"help": "files a tenant (API key) may keep"})
+    max_files: int = field(default=100, metadata={"help": "files a tenant may keep"})
     max_jobs: int = field(
-        default=8, metadata={"help": "batches a tenant (API key) may have unfinished at once"}
+        default=8, metadata={"help": "batches a tenant may have unfinished at once"}
     )
     tenant_header: str | None = field(
         default=None,
         metadata={
             "help": "the header (gRPC: metadata) naming a request's tenant, set by a gateway "
-            "you trust (default: the API key's name, as --api-key-file gives it)"
+            "you trust, honoured for its keys only (`gateway` in --api-key-file; with no "
+            "key marked, for keys of one tenant) (default: the API key's name)"
         },
     )
     tenant_weights: str | None = field(
@@ -367,9 +369,26 @@ class Settings:
     def api_keys(self) -> dict[str, str]:
         """Every key a request may carry, with its tenant's name (none: no key is required),
         read once at start. A line of the key file is a key, or a name then its key: the
-        name is the tenant (two keys of one name, during a rotation, are one tenant). An
-        unnamed key's tenant is `key-` and the start of its SHA-256, never the key itself."""
-        named = [("", self.api_key)] if self.api_key else []
+        name is the tenant, which owns what its keys make (two keys of one name, during a
+        rotation, are one tenant). Keys without a name are one tenant, "" (a server's
+        without keys): a rotation of unnamed keys keeps what they made; name the keys of
+        clients that must not see each other's files."""
+        return {key: name for name, key, _ in self._key_lines()}
+
+    def gateway_keys(self) -> frozenset[str]:
+        """The keys whose line ends in `gateway`: a gateway's, which may name a request's
+        tenant in --tenant-header."""
+        marked = frozenset(key for _, key, gateway in self._key_lines() if gateway)
+        if marked and self.tenant_header is None:
+            raise ConfigError(
+                f"api_key_file: {self.api_key_file}: a `gateway` key names tenants in a "
+                "header: set --tenant-header"
+            )
+        return marked
+
+    def _key_lines(self) -> list[tuple[str, str, bool]]:
+        """(tenant, key, whether a gateway's) of --api-key and each line of the key file."""
+        named = [("", self.api_key, False)] if self.api_key else []
         if self.api_key_file is not None:
             try:
                 lines = self.api_key_file.read_text(encoding="utf-8").splitlines()
@@ -378,14 +397,17 @@ class Settings:
             found = [k.split() for k in lines if k.strip() and not k.lstrip().startswith("#")]
             if not found:
                 raise ConfigError(f"api_key_file: {self.api_key_file} holds no key")
-            if any(len(words) > 2 for words in found):
+            if any(len(w) > 3 or (len(w) == 3 and w[2] != "gateway") for w in found):
                 raise ConfigError(
-                    f"api_key_file: {self.api_key_file}: a line is a key, or a name and a key"
+                    f"api_key_file: {self.api_key_file}: a line is a key, or a name and a key "
+                    "(then `gateway`, for a gateway's key)"
                 )
-            named += [("", w[0]) if len(w) == 1 else (w[0], w[1]) for w in found]
-        if any(not key.isascii() or not key.isprintable() or " " in key for _, key in named):
+            named += [
+                ("", w[0], False) if len(w) == 1 else (w[0], w[1], len(w) == 3) for w in found
+            ]
+        if any(not key.isascii() or not key.isprintable() or " " in key for _, key, _ in named):
             raise ConfigError("api_key: a key is printable ASCII without spaces")
-        return {key: name or unnamed_tenant(key) for name, key in named}
+        return named
 
     def memory_budget_bytes(self) -> int | None:
         """--memory-budget in bytes (None when not given): a number of bytes, or one with a
@@ -433,10 +455,6 @@ class Settings:
                 values[f.name] = parse_value(f.name, str(f.type), raw)
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
-
-
-def unnamed_tenant(key: str) -> str:
-    return "key-" + hashlib.sha256(key.encode()).hexdigest()[:8]
 
 
 def _token(name: str) -> bool:

@@ -66,9 +66,7 @@ async def serving(
     directory), and a client talking to it in-process."""
     settings = engine.settings
     control = control or Control(engine, None)
-    keys = ApiKeys(
-        settings.api_keys(), settings.open_metrics, settings.docs, settings.tenant_header
-    )
+    keys = ApiKeys.of(settings)
     metrics = Metrics(keys.tenants | set(settings.weights()))
     jobs = None if settings.jobs_dir is None else Jobs(settings.jobs_dir, engine, metrics, settings)
     app = create_app(engine, control, metrics, keys, jobs=jobs)

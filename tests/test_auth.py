@@ -1,6 +1,7 @@
 """The API key: required on every route of both protocols but health and readiness, in the
 route's error form (OpenAI's on /v1), compared with `hmac.compare_digest`, read from a flag,
-the environment or a file of keys, and never in a log line."""
+the environment or a file of keys, and never in a log line; the tenant it names, and the one
+a gateway's key names in the tenant header (never another key's)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ from typing import Any
 import httpx
 import pytest
 
-from bucketserve.errors import ConfigError
+from bucketserve.edges.auth import ApiKeys
+from bucketserve.errors import ConfigError, Forbidden, MalformedRequest
 from bucketserve.loading import load_engine
-from bucketserve.settings import Settings, unnamed_tenant
+from bucketserve.settings import Settings
 from loadtest.process import free_port
 from tests.engines import serving
 from tests.helpers import error_of, server_process
@@ -135,15 +137,21 @@ def test_keys_from_a_file_for_rotation(tmp_path: Path, models: Path) -> None:
     both = Settings(models=models, api_key="sk-flag", api_key_file=keys)
     assert list(both.api_keys()) == ["sk-flag", KEY, OLD_KEY]
     assert list(Settings.from_env({"BUCKETSERVE_API_KEY": KEY}).api_keys()) == [KEY]
-    # each unnamed key its own tenant, named by its hash (never the key); a name given in
-    # front of a key names its tenant, so a rotation's two keys are one tenant
-    assert settings.api_keys()[KEY] == unnamed_tenant(KEY) != unnamed_tenant(OLD_KEY)
-    assert KEY not in unnamed_tenant(KEY)
+    # unnamed keys are one tenant, "" (a rotation's two keys keep what they made); a name
+    # given in front of a key names its tenant, so a rotation's two keys are one tenant
+    assert settings.api_keys() == {KEY: "", OLD_KEY: ""}
     keys.write_text(f"search {KEY}\nsearch {OLD_KEY}\nindexer sk-other\n")
     assert settings.api_keys() == {KEY: "search", OLD_KEY: "search", "sk-other": "indexer"}
+    assert settings.gateway_keys() == frozenset()
     keys.write_text(f"search {KEY} extra\n")
     with pytest.raises(ConfigError, match="a name and a key"):
         settings.api_keys()
+    keys.write_text(f"search {KEY}\nedge {OLD_KEY} gateway\n")
+    with pytest.raises(ConfigError, match="set --tenant-header"):
+        settings.gateway_keys()
+    behind = Settings(models=models, api_key_file=keys, tenant_header="X-Tenant")
+    assert behind.api_keys() == {KEY: "search", OLD_KEY: "edge"}
+    assert behind.gateway_keys() == {OLD_KEY}
     keys.write_text("# nothing here\n")
     with pytest.raises(ConfigError, match="holds no key"):
         settings.api_keys()
@@ -151,6 +159,38 @@ def test_keys_from_a_file_for_rotation(tmp_path: Path, models: Path) -> None:
         Settings(api_key_file=tmp_path / "missing").api_keys()
     with pytest.raises(ConfigError, match="printable ASCII"):
         Settings(api_key="two words").api_keys()
+
+
+def test_the_tenant_header_names_a_tenant_only_for_a_gateways_key() -> None:
+    alice, bob, edge = ["Bearer sk-alice"], ["Bearer sk-bob"], ["Bearer sk-edge"]
+    keys = ApiKeys(
+        {"sk-alice": "alice", "sk-bob": "bob", "sk-edge": "edge"},
+        tenant_header="X-Tenant",
+        gateways={"sk-edge"},
+    )
+    assert keys.tenant(edge, ["carol"]) == "carol"
+    assert keys.tenant(edge, []) == keys.tenant(edge, [""]) == "edge"
+    assert keys.tenant(bob, ["bob"]) == "bob"  # (its own: nothing to refuse)
+    for named in ("carol", "alice"):
+        with pytest.raises(Forbidden, match="may not name a tenant in X-Tenant"):
+            keys.tenant(bob, [named])
+    with pytest.raises(Forbidden, match="names the tenant of an API key"):
+        keys.tenant(edge, ["alice"])
+    long = "t" * 256
+    assert keys.tenant(edge, [long]) == long  # (the longest taken, whole)
+    with pytest.raises(MalformedRequest, match="at most 256 characters"):
+        keys.tenant(edge, [long + "x"])
+    with pytest.raises(MalformedRequest, match="2 X-Tenant headers"):
+        keys.tenant(edge, ["carol", "dave"])
+    # no key marked: keys of one tenant (one key, or a rotation's two) may name tenants,
+    # keys of two may not; without keys, the gateway is whoever reaches the port
+    one = ApiKeys({"sk-1": "", "sk-2": ""}, tenant_header="X-Tenant")
+    assert one.tenant(["Bearer sk-2"], ["carol"]) == "carol"
+    two = ApiKeys({"sk-alice": "alice", "sk-bob": "bob"}, tenant_header="X-Tenant")
+    with pytest.raises(Forbidden):
+        two.tenant(alice, ["carol"])
+    assert ApiKeys((), tenant_header="X-Tenant").tenant([], ["carol"]) == "carol"
+    assert ApiKeys({"sk-alice": "alice"}).tenant(alice, ["carol"]) == "alice"  # (no header)
 
 
 async def test_every_key_of_the_file_is_accepted(tmp_path: Path, models: Path) -> None:
@@ -261,3 +301,31 @@ async def test_an_open_route_says_nothing_of_the_models(client: httpx.AsyncClien
     unknown = await client.get("/v2/models/no-such-model/ready")
     assert unknown.status_code == 404
     assert "tiny-encoder" not in unknown.text
+
+
+async def test_a_key_naming_another_tenant_over_grpc_is_permission_denied(models: Path) -> None:
+    """gRPC's metadata follows the header's rule, in gRPC's words for a refusal."""
+    import grpc
+
+    from bucketserve.control import Control
+    from bucketserve.edges.grpc import GrpcListener
+    from bucketserve.metrics import Metrics
+
+    service_pb2 = pytest.importorskip("tritonclient.grpc.service_pb2")
+    port = free_port()
+    engine = load_engine(Settings(models=models, grpc_port=port))
+    keys = ApiKeys({"sk-alice": "alice", "sk-bob": "bob"}, tenant_header="X-Tenant")
+    async with serving(engine):
+        listener = GrpcListener(engine, Control(engine, None), Metrics(), keys)
+        await listener.start()
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                method = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+                request = service_pb2.ModelInferRequest(model_name="tiny-encoder")
+                metadata = (("authorization", "Bearer sk-bob"), ("x-tenant", "alice"))
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    await method(request.SerializeToString(), metadata=metadata)
+        finally:
+            await listener.stop()
+    assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "may not name a tenant" in str(refused.value.details())

@@ -312,6 +312,123 @@ async def test_each_key_sees_its_own_files_and_keeps_its_quota(
         assert anonymous.status_code == 401
 
 
+OLD_KEY, NEW_KEY = "sk-old-0123456789", "sk-new-0123456789"
+
+
+@pytest.mark.parametrize("name", ["", "search"])
+async def test_a_rotated_key_keeps_its_tenants_files_and_batches(
+    models: Path, tmp_path: Path, name: str
+) -> None:
+    """The rotation the docs describe (the new key added to the key file, then the old one
+    removed): what the old key made is its tenant's, so the new key has it; a named key or
+    an unnamed one."""
+    keys, jobs = tmp_path / "keys", tmp_path / "jobs"
+    named = f"{name} " if name else ""
+    made = {}
+    for lines, key in (([OLD_KEY], OLD_KEY), ([NEW_KEY, OLD_KEY], NEW_KEY), ([NEW_KEY], NEW_KEY)):
+        keys.write_text("".join(f"{named}{line}\n" for line in lines))
+        settings = settings_of(models, jobs, api_key_file=keys)
+        async with serving(load_engine(settings)) as client:
+            sdk = sdk_of(client, key)
+            if not made:
+                made["batch"] = await ran(sdk, [request_line("1", {"input": "a"})])
+            batch = made["batch"]
+            assert (await sdk.batches.retrieve(batch.id)).status == "completed"
+            assert [b.id for b in (await sdk.batches.list()).data] == [batch.id]
+            listed = {f.id for f in (await sdk.files.list()).data}
+            assert {batch.input_file_id, batch.output_file_id} <= listed
+            assert (await sdk.files.content(batch.output_file_id)).text.count("\n") == 1
+
+
+def as_tenant(tenant: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {KEYS['alice']}", "X-Tenant": tenant}
+
+
+async def test_tenants_a_gateway_names_are_compared_whole(models: Path, tmp_path: Path) -> None:
+    """Two tenants behind a gateway whose names share their first 128 characters are two
+    tenants; a name past the longest taken is refused, never cut to another's."""
+    settings = settings_of(
+        models, tmp_path / "jobs", api_key=KEYS["alice"], tenant_header="X-Tenant"
+    )
+    first, second = "t" * 128 + "-first", "t" * 128 + "-second"
+    upload = {"file": ("in.jsonl", request_line("1", {"input": "a"}).encode())}
+    async with serving(load_engine(settings)) as client:
+        made = await client.post(
+            "/v1/files", files=upload, data={"purpose": "batch"}, headers=as_tenant(first)
+        )
+        assert made.status_code == 200, made.text
+        file_id = made.json()["id"]
+        assert (await client.get(f"/v1/files/{file_id}", headers=as_tenant(first))).is_success
+        other = await client.get(f"/v1/files/{file_id}", headers=as_tenant(second))
+        assert other.status_code == 404
+        listed = await client.get("/v1/files", headers=as_tenant(second))
+        assert listed.json()["data"] == []
+        too_long = await client.get("/v1/files", headers=as_tenant("t" * 1000))
+        assert too_long.status_code == 400
+        assert "X-Tenant" in too_long.json()["error"]["message"]
+
+
+async def test_a_key_cannot_reach_another_keys_tenant_by_naming_it(
+    models: Path, tmp_path: Path
+) -> None:
+    """Behind --tenant-header, a key names a tenant only where its line says it is a
+    gateway's; and no key, a gateway's included, names the tenant of another key."""
+    keys = tmp_path / "keys"
+    keys.write_text(
+        "".join(f"{name} {key}\n" for name, key in KEYS.items())
+        + "edge sk-edge-0123456789 gateway\n"
+    )
+    settings = settings_of(models, tmp_path / "jobs", api_key_file=keys, tenant_header="X-Tenant")
+    async with serving(load_engine(settings)) as client:
+        alice = sdk_of(client, KEYS["alice"])
+        mine = await alice.files.create(file=("in.jsonl", b"{}\n"), purpose="batch")
+        batch = await alice.batches.create(
+            input_file_id=mine.id, endpoint="/v1/embeddings", completion_window="24h"
+        )
+        bob = {"Authorization": f"Bearer {KEYS['bob']}", "X-Tenant": "alice"}
+        edge = {"Authorization": "Bearer sk-edge-0123456789", "X-Tenant": "alice"}
+        for headers in (bob, edge):
+            for method, path in (
+                ("GET", f"/v1/files/{mine.id}"),
+                ("GET", f"/v1/files/{mine.id}/content"),
+                ("GET", f"/v1/batches/{batch.id}"),
+                ("POST", f"/v1/batches/{batch.id}/cancel"),
+                ("DELETE", f"/v1/files/{mine.id}"),
+            ):
+                refused = await client.request(method, path, headers=headers)
+                assert refused.status_code == 403, (headers, path, refused.text)
+            answer = await client.post("/v1/embeddings", json={"input": "a"}, headers=headers)
+            assert answer.status_code == 403
+        # the gateway names tenants of its own; a key may name its own tenant
+        carol = {"Authorization": "Bearer sk-edge-0123456789", "X-Tenant": "carol"}
+        assert (await client.get(f"/v1/batches/{batch.id}", headers=carol)).status_code == 404
+        assert (await client.get("/v1/files", headers=carol)).json()["data"] == []
+        own = {"Authorization": f"Bearer {KEYS['alice']}", "X-Tenant": "alice"}
+        assert (await client.get(f"/v1/batches/{batch.id}", headers=own)).status_code == 200
+        assert (await ended(alice, batch.id)).status in FINAL
+
+
+async def test_uploads_at_once_keep_the_quota_exact(models: Path, tmp_path: Path) -> None:
+    """Ten uploads sent together with two slots left under --max-files: two kept, eight
+    refused with 429, and the tenant keeps exactly its quota."""
+    settings = settings_of(models, tmp_path / "jobs", api_key=KEYS["alice"], max_files=12)
+    line = request_line("1", {"input": "a"}).encode()
+    async with serving(load_engine(settings)) as client:
+        sdk = sdk_of(client, KEYS["alice"])
+        for i in range(10):
+            await sdk.files.create(file=(f"{i}.jsonl", line), purpose="batch")
+        answers = await asyncio.gather(
+            *(
+                sdk.files.create(file=(f"more-{i}.jsonl", line * 2000), purpose="batch")
+                for i in range(10)
+            ),
+            return_exceptions=True,
+        )
+        refused = [a for a in answers if isinstance(a, openai.RateLimitError)]
+        assert (len(answers) - len(refused), len(refused)) == (2, 8), answers
+        assert len((await sdk.files.list()).data) == 12
+
+
 async def test_a_stopped_batch_goes_on_from_its_checkpoint_exactly_once(
     models: Path, tmp_path: Path
 ) -> None:

@@ -197,9 +197,9 @@ def test_room_is_held_for_another_tenant_only_where_one_may_come() -> None:
     assert not ApiKeys(()).tenants_may_differ
     assert ApiKeys((), tenant_header="X-Tenant").tenants_may_differ
     keys = ApiKeys({"sk-1": "search"}, tenant_header="X-Tenant")
-    assert keys.tenant(["Bearer sk-1"], "gateway-named") == "gateway-named"
-    assert keys.tenant(["Bearer sk-1"], None) == "search"  # no header: the key's name
-    assert keys.tenant(["Bearer wrong"], None) == ""
+    assert keys.tenant(["Bearer sk-1"], ["gateway-named"]) == "gateway-named"
+    assert keys.tenant(["Bearer sk-1"], []) == "search"  # no header: the key's name
+    assert keys.tenant(["Bearer wrong"], []) == ""
 
 
 def keyed_engine(tmp_path: Path, queue_capacity: int) -> tuple[Engine, FakeExecutor, Settings]:

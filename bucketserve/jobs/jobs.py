@@ -1,6 +1,8 @@
 """The server's bulk jobs: files and batches made, listed and cancelled for their owner (the
-tenant of the API key that made them), within the quotas; each unfinished batch run by its
-`Runner`, resumed at the start, stopped (checkpointed, left in progress) at the drain.
+tenant of the request that made them, not its key: a rotated key's tenant keeps them), within
+the quotas, each counted and taken in one step (an upload holds its slot while it is
+written); each unfinished batch run by its `Runner`, resumed at the start, stopped
+(checkpointed, left in progress) at the drain.
 """
 
 from __future__ import annotations
@@ -8,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +36,10 @@ class Jobs:
         self.dispatch: Dispatch | None = None  # the routes in process, once the app exists
         self._runners: dict[str, tuple[Runner, asyncio.Task[None]]] = {}
         self._counted = False
+        # Quotas are counted and taken as one step, under this lock: each upload being
+        # written holds a slot of its tenant's (its path here), until kept or given up.
+        self._owning = threading.Lock()
+        self._uploading: dict[Path, str] = {}
 
     def attach(self, dispatch: Dispatch) -> None:
         self.dispatch = dispatch
@@ -101,19 +109,38 @@ class Jobs:
 
     # -- files ----------------------------------------------------------------------------
 
+    @contextlib.contextmanager
+    def upload_slot(self, tenant: str) -> Iterator[Path]:
+        """Where an upload of `tenant`'s is written, one slot of its quota held for it until
+        `add_file` keeps it or the block ends: uploads sent at once never keep more than the
+        quota."""
+        with self._owning:
+            path = self.upload_path(tenant)
+            self._uploading[path] = tenant
+        try:
+            yield path
+        finally:
+            with self._owning:
+                self._uploading.pop(path, None)
+            path.unlink(missing_ok=True)  # (a kept upload was moved away)
+
     def upload_path(self, tenant: str) -> Path:
-        """Where an upload of `tenant`'s is written; refused when it keeps its quota of uploads
-        (a batch's output is not counted: it is the server's doing)."""
+        """Where an upload of `tenant`'s is written; refused when it keeps its quota of uploads,
+        those being written counted (a batch's output is not: it is the server's doing)."""
         self._open()
-        if len(self.store.files(tenant, "batch")) >= self.max_files:
+        writing = sum(owner == tenant for owner in self._uploading.values())
+        if self.store.count_files(tenant, "batch") + writing >= self.max_files:
             raise QuotaExceeded(
-                f"this key keeps {self.max_files} files, the most it may (--max-files); delete "
-                "one first"
+                f"this tenant keeps {self.max_files} files, the most it may (--max-files); "
+                "delete one first"
             )
         return self.store.upload_path()
 
     def add_file(self, written: Path, tenant: str, filename: str, purpose: str) -> FileRecord:
-        return self.store.add_file(written, tenant, filename, purpose)
+        """`written` kept as a file of `tenant`'s, in the slot it held (one step)."""
+        with self._owning:
+            self._uploading.pop(written, None)
+            return self.store.add_file(written, tenant, filename, purpose)
 
     def file(self, file_id: str, tenant: str) -> FileRecord:
         self._open()
@@ -127,15 +154,16 @@ class Jobs:
         return self.store.files(tenant, purpose)
 
     def delete_file(self, file_id: str, tenant: str) -> FileRecord:
-        found = self.file(file_id, tenant)
-        running = [r for r in self.store.batches(tenant) if r.status not in FINAL]
-        if any(r.object["input_file_id"] == file_id for r in running):
-            raise InvalidInput(
-                f"{file_id} is the input of an unfinished batch: cancel it first",
-                param="file_id",
-            )
-        self.store.delete_file(file_id)
-        return found
+        with self._owning:  # (no batch made over it meanwhile)
+            found = self.file(file_id, tenant)
+            running = [r for r in self.store.batches(tenant) if r.status not in FINAL]
+            if any(r.object["input_file_id"] == file_id for r in running):
+                raise InvalidInput(
+                    f"{file_id} is the input of an unfinished batch: cancel it first",
+                    param="file_id",
+                )
+            self.store.delete_file(file_id)
+            return found
 
     # -- batches --------------------------------------------------------------------------
 
@@ -157,6 +185,20 @@ class Jobs:
                 f"completion_window {window!r}: the one offered is 24h",
                 param="completion_window",
             )
+        with self._owning:  # (the file kept, and the quota counted, until the batch is made)
+            record = self._add_batch(tenant, input_file_id, endpoint, window, metadata)
+        self.metrics.job_moved(None, record.status)
+        self._start(record.id)
+        return record
+
+    def _add_batch(
+        self,
+        tenant: str,
+        input_file_id: str,
+        endpoint: str,
+        window: str,
+        metadata: dict[str, str] | None,
+    ) -> BatchRecord:
         given = self.file(input_file_id, tenant)
         if given.purpose != "batch":
             raise InvalidInput(
@@ -167,7 +209,7 @@ class Jobs:
         unfinished = [r for r in self.store.batches(tenant) if r.status not in FINAL]
         if len(unfinished) >= self.max_jobs:
             raise QuotaExceeded(
-                f"this key has {len(unfinished)} unfinished batches, the most it may "
+                f"this tenant has {len(unfinished)} unfinished batches, the most it may "
                 "(--max-jobs); wait for one, or cancel one"
             )
         created = now()
@@ -193,10 +235,7 @@ class Jobs:
             "request_counts": {"total": 0, "completed": 0, "failed": 0},
             "metadata": metadata,
         }
-        record = self.store.add_batch(tenant, described)
-        self.metrics.job_moved(None, record.status)
-        self._start(record.id)
-        return record
+        return self.store.add_batch(tenant, described)
 
     def batch(self, batch_id: str, tenant: str) -> BatchRecord:
         self._open()

@@ -196,6 +196,12 @@ class Store:
         )  # fmt: skip
         return [FileRecord(*row) for row in rows]
 
+    def count_files(self, tenant: str, purpose: str) -> int:
+        rows = self._run(
+            "SELECT count(*) FROM files WHERE tenant = ? AND purpose = ?", tenant, purpose
+        )
+        return int(rows[0][0])
+
     def delete_file(self, file_id: str) -> None:
         self._run("DELETE FROM files WHERE id = ?", file_id)
         self.file_path(file_id).unlink(missing_ok=True)

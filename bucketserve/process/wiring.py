@@ -40,9 +40,7 @@ class Wired:
 def wire(settings: Settings) -> Wired:
     """Every part, from the settings: the repository opened (every model loaded and checked,
     or ConfigError naming each that failed), the keys read once."""
-    keys = ApiKeys(
-        settings.api_keys(), settings.open_metrics, settings.docs, settings.tenant_header
-    )
+    keys = ApiKeys.of(settings)
     weights = settings.weights()
     shares = functools.partial(Shares, weights, reserve=keys.tenants_may_differ)
     opened = open_repository(settings)

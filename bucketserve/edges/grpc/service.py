@@ -40,7 +40,7 @@ from bucketserve.edges.grpc.decoding import decode_request
 from bucketserve.edges.grpc.messages import DATA_TYPES, MESSAGE_CLASSES, METHODS, SERVICE
 from bucketserve.edges.kserve import metadata
 from bucketserve.edges.tensors import DATATYPE_OF, little_endian
-from bucketserve.errors import MalformedRequest, brief
+from bucketserve.errors import Forbidden, MalformedRequest, brief
 from bucketserve.logs import request_id
 from bucketserve.metrics import Metrics
 
@@ -53,6 +53,8 @@ STATUS_CODES = {  # HTTP status of our error -> the gRPC code Triton answers suc
     503: grpc.StatusCode.UNAVAILABLE,
     504: grpc.StatusCode.DEADLINE_EXCEEDED,
 }
+CODES = {Forbidden.code: grpc.StatusCode.PERMISSION_DENIED}  # (where a status says too little)
+INTERNAL = grpc.StatusCode.INTERNAL
 REQUEST_ID = "x-request-id"  # metadata, as the HTTP header
 PRIORITY = "x-priority"  # metadata, as the HTTP header (Triton's `priority` parameter first)
 AUTHORIZATION = "authorization"  # metadata: `Bearer <key>`, as the HTTP header
@@ -192,7 +194,7 @@ class InferenceService:
             request_id(given),
             [deadline_ms],
             None if level is None else kserve.level_of(level, PRIORITY),
-            self._tenant(entries, metadata),
+            self._tenant(entries),
         )
         model = answer.model
         response = self.messages["ModelInferResponse"](
@@ -203,11 +205,11 @@ class InferenceService:
             response.raw_output_contents.append(little_endian(array))
         return response
 
-    def _tenant(self, entries: Entries, metadata: dict[str, str]) -> str:
+    def _tenant(self, entries: Entries) -> str:
         """The call's tenant, by its key or the metadata the operator names (`edges.auth`)."""
         keys = self.keys
         authorizations = [v for k, v in entries if k == AUTHORIZATION]
-        named = metadata.get(keys.tenant_header) if keys.tenant_header else None
+        named = [v for k, v in entries if k == keys.tenant_header]
         return keys.tenant(authorizations, named)
 
     def _answered(self, method: str, kind: Any, handler: Method) -> Any:
@@ -245,7 +247,7 @@ class InferenceService:
             except Exception as exc:
                 error = self.failures.settle(exc, route)
                 status = error.status
-                code = STATUS_CODES.get(error.status, grpc.StatusCode.INTERNAL)
+                code = CODES.get(error.code) or STATUS_CODES.get(error.status, INTERNAL)
                 await context.abort(code, brief(error.message))
                 raise  # (abort raises; this line is never reached)
             finally:

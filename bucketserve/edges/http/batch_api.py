@@ -1,8 +1,8 @@
 """OpenAI's Files and Batch API, as the `openai` SDK calls them: files uploaded (multipart,
 `purpose: "batch"`), listed, read and deleted; batches created over an input file, read,
-listed and cancelled. Each key sees its own files and batches (the tenant of its key); the
-work itself is the jobs' (`bucketserve.jobs`): every line of a batch goes through the same
-routes as a client's request, at the bulk level.
+listed and cancelled. Each tenant sees its own files and batches (`edges.auth` says whose a
+request is); the work itself is the jobs' (`bucketserve.jobs`): every line of a batch goes
+through the same routes as a client's request, at the bulk level.
 """
 
 from __future__ import annotations
@@ -79,23 +79,20 @@ async def upload(request: Request) -> Response:
     if int(declared) > jobs.max_file_bytes + CHUNK:  # (the form's own fields around the file)
         raise PayloadTooLarge(f"a file may hold {jobs.max_file_bytes} bytes (--max-file-mb)")
     tenant = request_tenant(request)
-    target = jobs.upload_path(tenant)
-    async with request.form(max_files=1, max_fields=8) as form:
-        purpose, given = form.get("purpose"), form.get("file")
-        if purpose != "batch":  # (outputs are the server's to make)
-            raise InvalidInput(f"purpose {purpose!r}: files here are for 'batch'", param="purpose")
-        if not isinstance(given, UploadFile):
-            raise InvalidInput("the form has no file", param="file")
-        try:
+    with jobs.upload_slot(tenant) as target:  # (its slot of the quota, held while it comes)
+        async with request.form(max_files=1, max_fields=8) as form:
+            purpose, given = form.get("purpose"), form.get("file")
+            if purpose != "batch":  # (outputs are the server's to make)
+                raise InvalidInput(
+                    f"purpose {purpose!r}: files here are for 'batch'", param="purpose"
+                )
+            if not isinstance(given, UploadFile):
+                raise InvalidInput("the form has no file", param="file")
             size = await asyncio.to_thread(_copied, given, target, jobs.max_file_bytes)
-        except BaseException:
-            target.unlink(missing_ok=True)
-            raise
-        name = Path(given.filename or "upload.jsonl").name
-    if size == 0:
-        target.unlink(missing_ok=True)
-        raise InvalidInput("the file is empty", param="file")
-    record = await asyncio.to_thread(jobs.add_file, target, tenant, name, str(purpose))
+            name = Path(given.filename or "upload.jsonl").name
+        if size == 0:
+            raise InvalidInput("the file is empty", param="file")
+        record = await asyncio.to_thread(jobs.add_file, target, tenant, name, str(purpose))
     return json_response(record.described())
 
 
@@ -116,7 +113,7 @@ def _copied(given: UploadFile, target: Path, limit: int) -> int:
     return size
 
 
-@router.get("/v1/files", summary="Files of this key, newest first", responses=READ)
+@router.get("/v1/files", summary="Files of this tenant, newest first", responses=READ)
 async def files(
     request: Request,
     purpose: str | None = None,
@@ -194,7 +191,7 @@ async def batch(request: Request, batch_id: str) -> Response:
     return json_response(jobs_of(request).batch(batch_id, request_tenant(request)).described())
 
 
-@router.get("/v1/batches", summary="Batches of this key, newest first", responses=READ)
+@router.get("/v1/batches", summary="Batches of this tenant, newest first", responses=READ)
 async def batches(request: Request, limit: int = 20, after: str | None = None) -> Response:
     kept: list[BatchRecord] = jobs_of(request).batches(request_tenant(request))
     return json_response(_page([b.described() for b in kept], after, limit, MAX_BATCHES))

@@ -273,7 +273,7 @@ def request_tenant(request: Request) -> str:
     if job is not None:
         return job
     keys: ApiKeys = request.app.state.keys
-    named = request.headers.get(keys.tenant_header) if keys.tenant_header else None
+    named = request.headers.getlist(keys.tenant_header) if keys.tenant_header else []
     return keys.tenant(request.headers.getlist("authorization"), named)
 
 

@@ -317,7 +317,8 @@ class IndexEntry(BaseModel):
 
 WHY = {
     400: "malformed body, header or parameter; a model that did not load when asked",
-    403: "model control is off (load and unload need --model-control)",
+    403: "model control is off (load and unload need --model-control); a key naming a "
+    "tenant it may not",
     404: "no such model, version or route",
     413: "body too large",
     415: "a body that is not JSON (v2: or binary tensors)",
