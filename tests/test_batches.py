@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
+import errno
 import json
+import os
+import shutil
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -543,6 +547,132 @@ async def test_a_job_that_cannot_go_on_fails_and_the_server_keeps_serving(
         assert [e.code for e in gone.errors.data] == ["model_unavailable"]
         kept = await lines_of(sdk, gone.output_file_id)
         assert 0 < len(kept) == gone.request_counts.completed < 12_000
+
+
+@contextlib.contextmanager
+def small_filesystem(path: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of `size` at `path`, made for the test and gone after it: a disk that fills.
+    Skipped, saying why, where one cannot be mounted (not root, no mount, a container
+    without the right)."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("a small filesystem needs root and mount(8) to be made")
+    path.mkdir()
+    made = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if made.returncode != 0:
+        pytest.skip(f"a small filesystem could not be mounted: {made.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "--lazy", str(path)], check=False)
+
+
+@pytest.mark.parametrize("checkpoint_s", [1.0, 0.05], ids=["before-a-checkpoint", "after"])
+async def test_a_batch_that_fills_its_disk_ends_failed_its_answers_and_verdict_kept(
+    models: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, checkpoint_s: float
+) -> None:
+    """Its output fills the jobs directory's disk (a 2 MiB filesystem), before its first
+    checkpoint (the disk still full when it ends) or after some: the batch ends `failed`
+    with `output_unwritable`, never left in progress; the answers of its last checkpoint are
+    its output; and the verdict is on disk, as a server started again on the disk finds it."""
+    from bucketserve.jobs import runner
+
+    monkeypatch.setattr(runner, "CHECKPOINT_S", checkpoint_s)
+    bodies = [{"model": "st", "input": t} for t in texts(6000, seed=5)]
+    lines = [request_line(f"d{i}", body) for i, body in enumerate(bodies)]
+    with small_filesystem(tmp_path / "small", "2m") as jobs:
+        settings = settings_of(models, jobs)
+        async with serving(load_engine(settings)) as client:
+            sdk = sdk_of(client)
+            done = await ran(sdk, lines)
+            assert done.status == "failed", done
+            assert [e.code for e in done.errors.data] == ["output_unwritable"]
+            assert "No space left on device" in done.errors.data[0].message
+            kept = await lines_of(sdk, done.output_file_id)
+            assert len(kept) == done.request_counts.completed < len(lines)
+            assert len(kept) > 0 or checkpoint_s == 1.0
+            answer = await client.post("/v1/embeddings", json=bodies[0])
+            assert answer.status_code == 200
+        async with serving(load_engine(settings)) as client:
+            again = await sdk_of(client).batches.retrieve(done.id)
+            assert (again.status, again.request_counts.completed) == ("failed", len(kept))
+
+
+@pytest.mark.parametrize("error", [errno.ENOSPC, errno.EROFS, errno.EDQUOT])
+@pytest.mark.parametrize("where", ["order", "output"])
+async def test_every_write_failure_ends_the_batch_failed(
+    served: Any, monkeypatch: pytest.MonkeyPatch, where: str, error: int
+) -> None:
+    """A full disk, a read-only one, a quota: writing its order (validating) or its output
+    (in progress), the batch ends `failed` saying which, and the server goes on."""
+    from bucketserve.jobs import runner
+
+    sdk, client = served
+    lines = [request_line(f"w{i}", {"input": t}) for i, t in enumerate(texts(50))]
+    given = await sdk.files.create(file=("in.jsonl", "\n".join(lines).encode()), purpose="batch")
+
+    def refused(*_: Any, **__: Any) -> None:
+        raise OSError(error, os.strerror(error))
+
+    monkeypatch.setattr(
+        *((runner.np, "savez") if where == "order" else (runner.os, "fsync")), refused
+    )
+    created = await sdk.batches.create(
+        input_file_id=given.id, endpoint="/v1/embeddings", completion_window="24h"
+    )
+    done = await ended(sdk, created.id)
+    assert done.status == "failed"
+    assert [e.code for e in done.errors.data] == ["output_unwritable"]
+    assert os.strerror(error) in done.errors.data[0].message
+    monkeypatch.undo()
+    assert (await client.post("/v1/embeddings", json={"input": "on"})).status_code == 200
+
+
+def test_a_batchs_end_is_recorded_on_a_full_disk_and_said_on_a_read_only_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The jobs state keeps room for ends: on a full disk, where another write fails, a
+    batch's end is committed (the reserve given back for it); where nothing can be written
+    (a read-only disk: SQLite's answer, since a busy mount cannot be made read-only) it is
+    said from memory, and committed once the disk can be written again."""
+    from bucketserve.jobs.store import Store
+
+    with small_filesystem(tmp_path / "small", "1m") as root:
+        store = Store(root)
+        store.open()
+        for batch_id in ("batch_full", "batch_read_only"):
+            store.add_batch("t", {"id": batch_id, "created_at": 1, "status": "in_progress"})
+        with contextlib.suppress(OSError), (root / "filler").open("wb", buffering=0) as filler:
+            while True:
+                filler.write(b"x" * 4096)
+        with pytest.raises(OSError, match="disk is full"):
+            store.update("batch_full", status="finalizing", note="x" * 8192)
+        store.end("batch_full", status="failed", errors={"data": ["x" * 8192]})
+        assert not store.reserve.path.exists()
+        assert store.recorded("batch_full")
+        (root / "filler").unlink()
+        committed = Store._committed
+
+        def read_only(self: Store, sql: str, args: tuple[Any, ...]) -> Any:
+            if sql.startswith("SELECT"):
+                return committed(self, sql, args)
+            raise OSError(errno.EROFS, "the jobs state: attempt to write a readonly database")
+
+        monkeypatch.setattr(Store, "_committed", read_only)
+        store.end("batch_read_only", status="failed")
+        assert store.batch("batch_read_only").status == "failed"  # type: ignore[union-attr]
+        assert not store.recorded("batch_read_only")
+        monkeypatch.undo()
+        assert [b.status for b in store.batches()] == ["failed", "failed"]  # (and committed)
+        assert store.recorded("batch_read_only")
+        store.close()
+        again = Store(root)
+        assert [b.status for b in again.batches()] == ["failed", "failed"]
+        again.close()
 
 
 async def test_lines_not_run_within_the_window_are_expired_in_the_error_file(

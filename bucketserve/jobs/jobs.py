@@ -16,7 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from bucketserve.core.engine import Engine
-from bucketserve.errors import InvalidInput, NotFound, QuotaExceeded, Unavailable
+from bucketserve.errors import (
+    InsufficientStorage,
+    InvalidInput,
+    NotFound,
+    QuotaExceeded,
+    Unavailable,
+)
 from bucketserve.jobs.lines import ENDPOINTS
 from bucketserve.jobs.runner import FINAL, Dispatch, Runner
 from bucketserve.jobs.store import BatchRecord, FileRecord, Store, new_id, now
@@ -98,8 +104,8 @@ class Jobs:
                 "message": "the server failed running it",
                 "line": None,
             }
-            self.store.update(batch_id, status="failed", failed_at=now(),
-                              errors={"object": "list", "data": [error]})  # fmt: skip
+            self.store.end(batch_id, status="failed", failed_at=now(),
+                           errors={"object": "list", "data": [error]})  # fmt: skip
             self.metrics.job_moved(old.status if old else None, "failed")
 
     async def finished(self, batch_id: str) -> None:
@@ -138,7 +144,7 @@ class Jobs:
 
     def add_file(self, written: Path, tenant: str, filename: str, purpose: str) -> FileRecord:
         """`written` kept as a file of `tenant`'s, in the slot it held (one step)."""
-        with self._owning:
+        with self._owning, _storage("the file"):
             self._uploading.pop(written, None)
             return self.store.add_file(written, tenant, filename, purpose)
 
@@ -162,7 +168,8 @@ class Jobs:
                     f"{file_id} is the input of an unfinished batch: cancel it first",
                     param="file_id",
                 )
-            self.store.delete_file(file_id)
+            with _storage("the deletion"):
+                self.store.delete_file(file_id)
             return found
 
     # -- batches --------------------------------------------------------------------------
@@ -185,7 +192,7 @@ class Jobs:
                 f"completion_window {window!r}: the one offered is 24h",
                 param="completion_window",
             )
-        with self._owning:  # (the file kept, and the quota counted, until the batch is made)
+        with self._owning, _storage("the batch"):  # (the file and the quota held meanwhile)
             record = self._add_batch(tenant, input_file_id, endpoint, window, metadata)
         self.metrics.job_moved(None, record.status)
         self._start(record.id)
@@ -211,6 +218,10 @@ class Jobs:
             raise QuotaExceeded(
                 f"this tenant has {len(unfinished)} unfinished batches, the most it may "
                 "(--max-jobs); wait for one, or cancel one"
+            )
+        if not self.store.reserve.keep():  # (a batch is made only while its end can be kept)
+            raise InsufficientStorage(
+                "the jobs directory's disk has no room to record a batch's end: free some"
             )
         created = now()
         described: dict[str, Any] = {
@@ -254,8 +265,20 @@ class Jobs:
         record = self.batch(batch_id, tenant)
         if record.status in FINAL or record.status == "cancelling":
             return record
+        with _storage("the cancel"):
+            moved = self.store.update(batch_id, status="cancelling", cancelling_at=now())
         self.metrics.job_moved(record.status, "cancelling")
-        record = self.store.update(batch_id, status="cancelling", cancelling_at=now())
+        record = moved
         if batch_id in self._runners:
             self._runners[batch_id][0].cancel()
         return record
+
+
+@contextlib.contextmanager
+def _storage(what: str) -> Iterator[None]:
+    """A write of the jobs state that the disk refused (full, read-only): 507 to the client,
+    the state as it was."""
+    try:
+        yield
+    except OSError as exc:
+        raise InsufficientStorage(f"{what} could not be kept: {exc.strerror}") from None

@@ -8,6 +8,10 @@ to their checkpoint and goes on from `done`, so each line is answered exactly on
 A line the server could not take now (503: a queue full, or 504) is sent again later: bulk
 work waits for room, it is never refused for the lack of it. Any other answer is the line's:
 2xx in the output file, the rest in the error file, as OpenAI's are.
+
+A batch always ends: any write that fails (a full disk, a read-only one, a quota) fails it
+with `output_unwritable`, what its last checkpoint holds kept as its output, and its end is
+recorded even on a full disk (`Store.end`).
 """
 
 from __future__ import annotations
@@ -17,8 +21,9 @@ import contextlib
 import hashlib
 import logging
 import os
+import shutil
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
@@ -63,6 +68,10 @@ class JobFailed(Exception):
         super().__init__(message)
         self.code = code
 
+    @classmethod
+    def unwritable(cls, what: str, exc: OSError) -> JobFailed:
+        return cls("output_unwritable", f"writing {what}: {exc.strerror or exc}")
+
 
 @dataclass
 class Answered:
@@ -99,26 +108,34 @@ class Runner:
         return record
 
     def _status(self, status: str, **fields: Any) -> BatchRecord:
-        """The batch moved to `status`, at its time (OpenAI's `{status}_at`)."""
+        """The batch moved to `status`, at its time (OpenAI's `{status}_at`); an end is
+        recorded whatever the disk (`Store.end`)."""
         stamp = {} if status == "validating" else {f"{status}_at": now()}
         self.metrics.job_moved(self.record.status, status)
-        return self.store.update(self.batch_id, status=status, **stamp, **fields)
+        record = self.store.end if status in FINAL else self.store.update
+        return record(self.batch_id, status=status, **stamp, **fields)
 
     async def run(self) -> None:
         """The batch to its end (or until stopped), whatever status it was left in."""
         try:
-            if self.record.status == "validating":
-                await self._validate()
-            if self.record.status == "in_progress":
-                await self._answer()
-            if self.record.status == "finalizing":
-                await asyncio.to_thread(self._finish, "completed")
-            elif self.record.status == "cancelling":
-                await asyncio.to_thread(self._finish, "cancelled")
+            try:
+                await self._phases()
+            except OSError as exc:  # (the state itself, where no phase named what it wrote)
+                raise JobFailed.unwritable("the batch's state", exc) from None
         except JobFailed as failed:
             log.warning("batch %s failed: %s", self.batch_id, failed)
             error = {"code": failed.code, "message": str(failed), "line": None}
             await asyncio.to_thread(self._finish, "failed", errors=_errors([error]))
+
+    async def _phases(self) -> None:
+        if self.record.status == "validating":
+            await self._validate()
+        if self.record.status == "in_progress":
+            await self._answer()
+        if self.record.status == "finalizing":
+            await asyncio.to_thread(self._finish, "completed")
+        elif self.record.status == "cancelling":
+            await asyncio.to_thread(self._finish, "cancelled")
 
     # -- validating -----------------------------------------------------------------------
 
@@ -135,11 +152,15 @@ class Runner:
         model = lines.the_model(self.engine, read.model)
         lengths = await asyncio.to_thread(lines.lengths, read.lines, model)
         numbers = np.array([line.number for line in read.lines], np.int64)
-        self.folder.mkdir(parents=True, exist_ok=True)
         plan = self.folder / "order.npz"
         written = self.folder / "order.tmp.npz"
-        np.savez(written, order=lines.order(lengths), lengths=lengths, numbers=numbers)
-        os.replace(written, plan)
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            np.savez(written, order=lines.order(lengths), lengths=lengths, numbers=numbers)
+            os.replace(written, plan)
+        except OSError as exc:
+            written.unlink(missing_ok=True)
+            raise JobFailed.unwritable("the batch's order", exc) from None
         counts = {"total": len(read.lines), "completed": 0, "failed": 0}
         self.store.update(self.batch_id, request_counts=counts, model=read.model)
         self._status("cancelling" if self._cancel.is_set() else "in_progress")
@@ -161,7 +182,8 @@ class Runner:
             try:
                 await self._send(record, requests, order, lengths, writer)
             finally:
-                await writer.checkpoint(self.store, self.batch_id)
+                if not writer.broken:  # (what was answered, kept; a failed write says why)
+                    await writer.checkpoint(self.store, self.batch_id)
         if self._cancel.is_set():
             if self.record.status != "cancelling":
                 self._status("cancelling")
@@ -183,7 +205,6 @@ class Runner:
         room = asyncio.Semaphore(IN_FLIGHT)
         failed: list[JobFailed] = []
         sent: set[asyncio.Task[None]] = set()
-        last = time.monotonic()
 
         async def one(position: int) -> None:
             custom_id, body = requests[int(order[position])]
@@ -198,6 +219,30 @@ class Runner:
             finally:
                 room.release()
 
+        try:
+            await self._sent_in_order(record, order, one, room, failed, sent, writer)
+        except JobFailed as exc:  # (a checkpoint that could not be written)
+            failed.append(exc)
+        if failed:  # (what is in flight has nowhere to go: stopped, not awaited)
+            for task in sent:
+                task.cancel()
+        await asyncio.gather(*sent, return_exceptions=True)
+        if failed:
+            raise failed[0]
+
+    async def _sent_in_order(
+        self,
+        record: BatchRecord,
+        order: np.ndarray,
+        one: Callable[[int], Coroutine[Any, Any, None]],
+        room: asyncio.Semaphore,
+        failed: list[JobFailed],
+        sent: set[asyncio.Task[None]],
+        writer: Writer,
+    ) -> None:
+        """Each line of the order from the checkpoint on, `IN_FLIGHT` at once, until the
+        batch halts or a line fails it; a checkpoint at least every CHECKPOINT_S."""
+        last = time.monotonic()
         for position in range(record.progress.done, len(order)):
             await room.acquire()
             if self._halted(record) or failed:
@@ -209,9 +254,6 @@ class Runner:
             if time.monotonic() - last >= CHECKPOINT_S:
                 await writer.checkpoint(self.store, self.batch_id)
                 last = time.monotonic()
-        await asyncio.gather(*sent)
-        if failed:
-            raise failed[0]
 
     def _halted(self, record: BatchRecord) -> bool:
         return self._cancel.is_set() or self._stop.is_set() or self._expired(record)
@@ -275,13 +317,20 @@ class Runner:
 
     def _finish(self, status: str, **fields: Any) -> None:
         """The batch ended as `status`: what it answered, as files of its owner (the output,
-        and the errors), named in it."""
+        and the errors), named in it. A completion whose files cannot be kept is a failure;
+        a failure is recorded whatever the disk."""
         try:
             ids = self._output_files()
         except OSError as exc:
             log.warning("batch %s: its output could not be kept: %s", self.batch_id, exc)
+            if status != "failed":
+                failed = JobFailed.unwritable("the output", exc)
+                error = {"code": failed.code, "message": str(failed), "line": None}
+                status, fields = "failed", {**fields, "errors": _errors([error])}
             ids = {}
         self._status(status, **ids, **fields)
+        if self.store.recorded(self.batch_id):  # (else the next start resumes from it)
+            shutil.rmtree(self.folder, ignore_errors=True)  # (its order, what was not kept)
 
     def _output_files(self) -> dict[str, str]:
         record = self.record
@@ -297,7 +346,9 @@ class Runner:
                 with path.open("r+b") as file:
                     file.truncate(size)  # (past the last checkpoint: never counted)
                 named = f"{self.batch_id}_{name}"
-                self.store.add_file(path, record.tenant, named, "batch_output", file_id)
+                self.store.add_file(
+                    path, record.tenant, named, "batch_output", file_id, reserved=True
+                )
             if size:  # (kept before a restart, or now)
                 ids[field] = file_id
         return ids
@@ -309,26 +360,31 @@ class Writer:
 
     def __init__(self, folder: Path, progress: Progress) -> None:
         self.progress = progress
+        self.broken = False  # a write failed: nothing more is written
         self._pending: dict[int, Answered] = {}
-        self._files = {
-            True: _opened(folder / "output.jsonl", progress.output_bytes),
-            False: _opened(folder / "errors.jsonl", progress.error_bytes),
-        }
+        try:
+            self._files = {
+                True: _opened(folder / "output.jsonl", progress.output_bytes),
+                False: _opened(folder / "errors.jsonl", progress.error_bytes),
+            }
+        except OSError as exc:
+            raise JobFailed.unwritable("the output", exc) from None
         self._written = {True: progress.output_bytes, False: progress.error_bytes}
         self._counts = {True: progress.completed, False: progress.failed}
         self._tokens = progress.tokens
         self._next = progress.done
 
     def answered(self, position: int, answer: Answered) -> None:
+        if self.broken:  # (the batch fails with the first failure; later lines go nowhere)
+            return
         self._pending[position] = answer
         while self._next in self._pending:
             done = self._pending[self._next]
             try:
                 self._files[done.ok].write(done.line)
             except OSError as exc:
-                raise JobFailed(
-                    "output_unwritable", f"writing the output: {exc.strerror}"
-                ) from None
+                self.broken = True
+                raise JobFailed.unwritable("the output", exc) from None
             del self._pending[self._next]
             self._written[done.ok] += len(done.line)
             self._counts[done.ok] += 1
@@ -342,7 +398,8 @@ class Writer:
             for file in self._files.values():
                 file.flush()
         except OSError as exc:
-            raise JobFailed("output_unwritable", f"writing the output: {exc.strerror}") from None
+            self.broken = True
+            raise JobFailed.unwritable("the output", exc) from None
         return Progress(self._next, self._written[True], self._written[False],
                         self._counts[True], self._counts[False], self._tokens)  # fmt: skip
 
@@ -352,9 +409,10 @@ class Writer:
         try:
             for file in self._files.values():
                 os.fsync(file.fileno())
+            store.checkpoint(batch_id, progress)
         except OSError as exc:
-            raise JobFailed("output_unwritable", f"writing the output: {exc.strerror}") from None
-        store.checkpoint(batch_id, progress)
+            self.broken = True
+            raise JobFailed.unwritable("the output", exc) from None
         self.progress = progress
 
     async def checkpoint(self, store: Store, batch_id: str) -> None:

@@ -6,12 +6,19 @@ before its record) and `batches/ID/` (a running batch's order and its output so 
 One server holds a directory at a time (an exclusive lock on `lock`): two servers resuming
 the same batches would each run them. Nothing is written, and the lock is not taken, until
 bulk work is first asked for or a directory with state in it is found at the start.
+
+A batch's end is recorded even when the disk is full (`end`): the write may free the room
+kept for it (`reserve`); where even that cannot be written (a read-only disk) the end is
+said from memory and committed by the next write that can be. Every other write that fails
+raises OSError, the state as it was.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
+import logging
 import os
 import sqlite3
 import threading
@@ -22,6 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from bucketserve.errors import Unavailable
+from bucketserve.jobs.reserve import Reserve
+
+log = logging.getLogger(__name__)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS files (
@@ -112,6 +122,8 @@ class Store:
         self._db: sqlite3.Connection | None = None
         self._lock = threading.Lock()
         self._held: int | None = None  # the lock file's descriptor, while held
+        self.reserve = Reserve(root / "reserve")
+        self._unwritten: dict[str, dict[str, Any]] = {}  # batches' ends not yet committed
 
     @property
     def has_state(self) -> bool:
@@ -142,9 +154,15 @@ class Store:
         db.execute("PRAGMA synchronous=FULL")  # (a commit is on disk when it returns)
         db.executescript(SCHEMA)
         self._db = db
+        if not self.reserve.keep():
+            log.warning("bulk jobs: the jobs directory's disk is full; no batch starts until "
+                        "it has room")  # fmt: skip
 
     def close(self) -> None:
         with self._lock:
+            if self._unwritten:
+                log.error("bulk jobs: the end of batches %s could not be written; they resume "
+                          "at the next start", ", ".join(self._unwritten))  # fmt: skip
             if self._db is not None:
                 self._db.close()
                 self._db = None
@@ -152,11 +170,38 @@ class Store:
                 os.close(self._held)  # (the lock goes with it)
                 self._held = None
 
-    def _run(self, sql: str, *args: Any) -> list[tuple[Any, ...]]:
+    def _run(self, sql: str, *args: Any, reserved: bool = False) -> list[tuple[Any, ...]]:
+        """`sql` committed; OSError where it cannot be (a full or read-only disk). A
+        `reserved` write that finds no room gives back the reserve and tries once more."""
         self.open()
         assert self._db is not None
-        with self._lock, self._db:
-            return self._db.execute(sql, args).fetchall()
+        with self._lock:
+            self._commit_unwritten()
+            try:
+                return self._committed(sql, args)
+            except OSError:
+                if not (reserved and self.reserve.release()):
+                    raise
+            return self._committed(sql, args)
+
+    def _committed(self, sql: str, args: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        assert self._db is not None
+        try:
+            with self._db:
+                return self._db.execute(sql, args).fetchall()
+        except sqlite3.OperationalError as exc:  # (full, read-only, I/O: what the disk said)
+            raise OSError(errno.EIO, f"the jobs state: {exc}") from None
+
+    def _commit_unwritten(self) -> None:
+        """Ends said from memory, committed now if they can be (under the lock)."""
+        for batch_id, described in list(self._unwritten.items()):
+            try:
+                self._committed(
+                    "UPDATE batches SET object = ? WHERE id = ?", (json.dumps(described), batch_id)
+                )
+            except OSError:
+                return
+            del self._unwritten[batch_id]
 
     # -- files ----------------------------------------------------------------------------
 
@@ -169,16 +214,24 @@ class Store:
         return self.root / "files" / f".upload-{uuid.uuid4().hex}"
 
     def add_file(
-        self, written: Path, tenant: str, filename: str, purpose: str, file_id: str | None = None
+        self,
+        written: Path,
+        tenant: str,
+        filename: str,
+        purpose: str,
+        file_id: str | None = None,
+        reserved: bool = False,
     ) -> FileRecord:
         """`written` (whole, flushed) as a new file of `tenant`'s: its record first, then its
-        bytes moved in (a restart between the two makes the same file again)."""
+        bytes moved in (a restart between the two makes the same file again). `reserved`: a
+        batch's output at its end, which may use the reserve."""
         record = FileRecord(
             file_id or new_id("file-"), tenant, filename, purpose, written.stat().st_size, now()
         )
         self._run(
             "INSERT OR REPLACE INTO files VALUES (?, ?, ?, ?, ?, ?)",
             record.id, tenant, filename, purpose, record.bytes, record.created_at,
+            reserved=reserved,
         )  # fmt: skip
         os.replace(written, self.file_path(record.id))
         return record
@@ -223,7 +276,7 @@ class Store:
             "SELECT * FROM batches WHERE id = ? AND (? IS NULL OR tenant = ?)",
             batch_id, tenant, tenant,
         )  # fmt: skip
-        return _batch(rows[0]) if rows else None
+        return self._said(_batch(rows[0])) if rows else None
 
     def batches(self, tenant: str | None = None) -> list[BatchRecord]:
         """The batches (of `tenant`, or every one), newest first."""
@@ -232,7 +285,16 @@ class Store:
             "ORDER BY created_at DESC, rowid DESC",
             tenant, tenant,
         )  # fmt: skip
-        return [_batch(row) for row in rows]
+        return [self._said(_batch(row)) for row in rows]
+
+    def _said(self, record: BatchRecord) -> BatchRecord:
+        """`record` as it stands: its end, where that is not yet committed."""
+        ended = self._unwritten.get(record.id)
+        return (
+            record
+            if ended is None
+            else BatchRecord(record.id, record.tenant, ended, record.progress)
+        )
 
     def update(self, batch_id: str, **fields: Any) -> BatchRecord:
         """Set fields of the batch's object (a status and its time, its files...)."""
@@ -240,6 +302,30 @@ class Store:
         assert record is not None
         described = {**record.object, **fields}
         self._run("UPDATE batches SET object = ? WHERE id = ?", json.dumps(described), batch_id)
+        return BatchRecord(batch_id, record.tenant, described, record.progress)
+
+    def recorded(self, batch_id: str) -> bool:
+        """Whether the batch's object is committed as it is said (its end not held in
+        memory)."""
+        return batch_id not in self._unwritten
+
+    def end(self, batch_id: str, **fields: Any) -> BatchRecord:
+        """Set the fields that end a batch (its final status, its errors, its files), even on
+        a full disk (the reserve given back for it) and, where nothing can be written, said
+        from memory until a later write can commit it; never raises for the disk."""
+        record = self.batch(batch_id)
+        assert record is not None
+        described = {**record.object, **fields}
+        try:
+            self._run(
+                "UPDATE batches SET object = ? WHERE id = ?", json.dumps(described), batch_id,
+                reserved=True,
+            )  # fmt: skip
+        except OSError as exc:
+            log.error("batch %s: its end could not be written (%s); said from memory until "
+                      "it can be", batch_id, exc.strerror)  # fmt: skip
+            with self._lock:
+                self._unwritten[batch_id] = described
         return BatchRecord(batch_id, record.tenant, described, record.progress)
 
     def checkpoint(self, batch_id: str, progress: Progress) -> None:
