@@ -19,6 +19,7 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -505,9 +506,8 @@ def test_batch_run_embeds_texts_and_a_parquet_column(
 async def test_a_job_that_cannot_go_on_fails_and_the_server_keeps_serving(
     models: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Its output unwritable (a full disk, at a checkpoint's sync), its model unloaded: each
-    job fails saying why, what it answered is kept, and requests are still answered."""
-    from bucketserve.jobs import runner
+    """Its writes refused (a full disk, at its first sync: its plan's), its model unloaded:
+    each job fails saying why, what it answered is kept, and requests are still answered."""
     from bucketserve.process.wiring import wire
 
     batch = texts(12_000, seed=4)
@@ -521,7 +521,7 @@ async def test_a_job_that_cannot_go_on_fails_and_the_server_keeps_serving(
         def full(_: int) -> None:
             raise OSError(28, "No space left on device")
 
-        monkeypatch.setattr(runner.os, "fsync", full)
+        monkeypatch.setattr(os, "fsync", full)
         with pytest.raises(openai.InternalServerError, match="could not be kept") as refused:
             await sdk.files.create(file=("more.jsonl", data), purpose="batch")
         assert refused.value.status_code == 507
@@ -531,8 +531,8 @@ async def test_a_job_that_cannot_go_on_fails_and_the_server_keeps_serving(
         done = await ended(sdk, created.id)
         assert done.status == "failed"
         assert [(e.code, e.message) for e in done.errors.data] == [
-            ("output_unwritable", "writing the output: No space left on device")
-        ]
+            ("output_unwritable", "writing the batch's order: No space left on device")
+        ]  # (the first write a batch syncs)
         monkeypatch.undo()
         answer = await client.post("/v1/embeddings", json={"model": "st", "input": "still"})
         assert answer.status_code == 200
@@ -609,7 +609,7 @@ async def test_every_write_failure_ends_the_batch_failed(
 ) -> None:
     """A full disk, a read-only one, a quota: writing its order (validating) or its output
     (in progress), the batch ends `failed` saying which, and the server goes on."""
-    from bucketserve.jobs import runner
+    from bucketserve.jobs import plan, writer
 
     sdk, client = served
     lines = [request_line(f"w{i}", {"input": t}) for i, t in enumerate(texts(50))]
@@ -618,16 +618,18 @@ async def test_every_write_failure_ends_the_batch_failed(
     def refused(*_: Any, **__: Any) -> None:
         raise OSError(error, os.strerror(error))
 
-    monkeypatch.setattr(
-        *((runner.np, "savez") if where == "order" else (runner.os, "fsync")), refused
-    )
+    if where == "order":
+        monkeypatch.setattr(plan.np, "savez", refused)
+    else:  # (the writer's syncs alone: the plan's, before it, go through)
+        monkeypatch.setattr(writer, "os", SimpleNamespace(**{**vars(os), "fsync": refused}))
     created = await sdk.batches.create(
         input_file_id=given.id, endpoint="/v1/embeddings", completion_window="24h"
     )
     done = await ended(sdk, created.id)
     assert done.status == "failed"
     assert [e.code for e in done.errors.data] == ["output_unwritable"]
-    assert os.strerror(error) in done.errors.data[0].message
+    what = "the batch's order" if where == "order" else "the output"
+    assert done.errors.data[0].message == f"writing {what}: {os.strerror(error)}"
     monkeypatch.undo()
     assert (await client.post("/v1/embeddings", json={"input": "on"})).status_code == 200
 
@@ -695,7 +697,7 @@ async def test_lines_not_run_within_the_window_are_expired_in_the_error_file(
 def test_a_files_lines_are_ordered_by_their_longest_text_in_tokens(models: Path) -> None:
     """The order a batch runs in: each line's longest text, in its model's tokens (ids
     counted as they are), shortest first, the file's order among equals."""
-    from bucketserve.jobs.lines import Line, lengths, order
+    from bucketserve.jobs.ordering import body_lengths, order
 
     model = load_engine(Settings(models=models)).model("st")
     assert model.tokenizer is not None
@@ -707,11 +709,29 @@ def test_a_files_lines_are_ordered_by_their_longest_text_in_tokens(models: Path)
         {"query": "a", "documents": [{"text": "a b c d"}, "a b"]},
         {"model": "st"},
     ]
-    found = lengths([Line(n, str(n), json.dumps(b).encode()) for n, b in enumerate(bodies)], model)
+    found = body_lengths([json.dumps(b).encode() for b in bodies], model)
     tokens = [len(model.tokenizer.encode(t).ids) for t in ("a b c d e f g h", "a", "a b c")]
     four = len(model.tokenizer.encode("a b c d").ids)
     assert found.tolist() == [tokens[0], tokens[1], tokens[2], 16, four, 0]
     assert order(found).tolist() == sorted(range(6), key=lambda i: (found[i], i))
+    # a text past the tokenizer's limit: counted from its start, as long as the limit
+    limit = model.tokenizer.truncation["max_length"]
+    assert body_lengths([json.dumps({"input": "word " * 10**6}).encode()], model) == [limit]
+
+
+def test_a_plan_of_an_earlier_version_is_read_by_its_line_numbers(tmp_path: Path) -> None:
+    """A batch left running by a version whose plan named line numbers goes on: its
+    requests are found in the file again."""
+    from bucketserve.jobs.plan import PLAN, read_plan
+
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(b'{"a": 1}\n\n{"b": 22}\n{"c": 333}\n')
+    order, lengths = np.array([2, 0, 1]), np.array([3, 1, 2])
+    np.savez(tmp_path / PLAN, order=order, lengths=lengths, numbers=np.array([1, 3, 4]))
+    plan = read_plan(tmp_path, source)
+    assert plan.order.tolist() == [2, 0, 1]
+    assert plan.offsets.tolist() == [0, 10, 20]
+    assert plan.sizes.tolist() == [9, 10, 11]
 
 
 def test_every_endpoint_a_batch_may_run_is_a_route_that_takes_a_post(models: Path) -> None:

@@ -3,8 +3,10 @@
 tokenizers order them.
 
 The flow, one way: `store` keeps files and each batch's state on disk (SQLite for the state,
-plain files for the data); `lines` reads an input file and refuses it whole where OpenAI
-does, or orders its lines by length; `runner` sends each line, in that order and at the bulk
-level, through the one request path (a `Dispatch`: its route's function, in process), and
-writes the answers back in checkpoints; `jobs` starts, resumes, cancels and stops the runners.
+plain files for the data, a `reserve` of room for recording ends); `lines` reads an input
+file and refuses it whole where OpenAI does, keeping where each request lies; `ordering`
+orders the requests by length and `plan` keeps that order on disk; `runner` reads each
+request from the file and sends it, in that order and at the bulk level, through the one
+request path (a `Dispatch`: its route's function, in process), and `writer` writes the
+answers back in checkpoints; `jobs` starts, resumes, cancels and stops the runners.
 """

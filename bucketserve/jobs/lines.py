@@ -5,12 +5,16 @@ batch's endpoint, a model the server does not serve or two models in one file is
 whole, each such line named in OpenAI's `errors` (its code, its line number); the rest of a
 request's body is the route's to judge, line by line, as it judges any request.
 
-Then the order the lines run in: by length, the longest text of each line tokenised once by
-its model's tokenizer, so that neighbouring lines fill one bucket key's batches.
+Read in one pass, a line at a time, keeping of each request only where it lies in the file
+(its offset and size) and its line number: a file's memory is a few numbers a line, never
+its lines (`Requests` reads one again when it is sent). Repeated `custom_id`s are found from
+a hash of each, the lines whose hashes meet read again to compare the ids themselves.
 """
 
 from __future__ import annotations
 
+import os
+from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,63 +33,51 @@ ENDPOINTS = (
     "/v2/embed", "/classify", "/classify_tokens", "/embed", "/embed_all", "/embed_sparse",
     "/v1/score", "/score", "/predict",
 )  # fmt: skip
-# Where the routes' bodies hold their texts: what a line's length is read from
-TEXT_FIELDS = ("input", "inputs", "texts", "text", "query", "documents", "text_1", "text_2")
 MAX_ERRORS = 100  # of a refused file's lines, the first this many are named
-
-
-@dataclass(frozen=True)
-class Line:
-    number: int  # 1 first, as OpenAI counts a file's lines
-    custom_id: str
-    body: bytes  # the request's body, as JSON
 
 
 @dataclass
 class Read:
-    """An input file, read: its requests, or the errors that refuse it (OpenAI's)."""
+    """An input file, read: where each of its requests lies (its offset and size in bytes,
+    its line number), or the errors that refuse it (OpenAI's)."""
 
-    lines: list[Line] = field(default_factory=list)
+    offsets: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    sizes: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    numbers: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     errors: list[dict[str, Any]] = field(default_factory=list)
     model: str | None = None  # the one model its requests name (None: the route's default)
+
+    def __len__(self) -> int:
+        return len(self.offsets)
 
     def refuse(self, code: str, message: str, line: int | None = None, **more: Any) -> None:
         if len(self.errors) < MAX_ERRORS:
             self.errors.append({"code": code, "message": message, "line": line, **more})
 
 
-def raw_lines(path: Path) -> Iterator[tuple[int, bytes]]:
-    """The file's non-blank lines, numbered from 1."""
+def raw_lines(path: Path) -> Iterator[tuple[int, int, bytes]]:
+    """The file's non-blank lines: each one's number (from 1), offset and bytes."""
     with path.open("rb") as file:
+        offset = 0
         for number, raw in enumerate(file, 1):
             if raw.strip():
-                yield number, raw
+                yield number, offset, raw
+            offset += len(raw)
 
 
 def read(path: Path, endpoint: str, engine: Engine) -> Read:
     """The file's requests for `endpoint`, checked as the module docstring says."""
     found = Read()
-    seen: set[str] = set()
+    offsets, sizes, numbers, hashes = array("q"), array("q"), array("q"), array("q")
     models: set[str | None] = set()
-    for number, raw in raw_lines(path):
+    for number, offset, raw in raw_lines(path):
         try:
             request = orjson.loads(raw)
         except orjson.JSONDecodeError:
             found.refuse("invalid_json_line", "This line is not parseable as valid JSON.", number)
             continue
-        line = _line(request, number, endpoint, found)
-        if line is None:
+        if not _checked(request, number, endpoint, found):
             continue
-        if line.custom_id in seen:
-            found.refuse(
-                "duplicate_custom_id",
-                f"The custom_id {line.custom_id!r} is used by an earlier line; each must be "
-                "unique.",
-                number,
-                param="custom_id",
-            )
-            continue
-        seen.add(line.custom_id)
         name = request["body"].get("model")
         if isinstance(name, str) and not served(engine, name):
             found.refuse(
@@ -96,24 +88,33 @@ def read(path: Path, endpoint: str, engine: Engine) -> Read:
             )
             continue
         models.add(name if isinstance(name, str) else None)
-        found.lines.append(line)
+        offsets.append(offset)
+        sizes.append(len(raw))
+        numbers.append(number)
+        hashes.append(hash(request["custom_id"]))
+    found.offsets, found.sizes, found.numbers = (
+        np.frombuffer(a, np.int64) if a else np.zeros(0, np.int64)
+        for a in (offsets, sizes, numbers)
+    )
+    _refuse_repeats(path, found, np.frombuffer(hashes, np.int64) if hashes else None)
     if len(models) > 1:
         found.refuse(
             "model_mismatch",
             "The requests of one file must name one model; this one names "
             + ", ".join(sorted(str(m) for m in models)),
         )
-    if not found.lines and not found.errors:
+    if not len(found) and not found.errors:
         found.refuse("empty_file", "The file has no requests.")
+    found.errors.sort(key=lambda e: (e["line"] is None, e["line"] or 0))
     found.model = next(iter(models), None)
     return found
 
 
-def _line(request: Any, number: int, endpoint: str, found: Read) -> Line | None:
-    """One request's line, or None (and its error noted)."""
+def _checked(request: Any, number: int, endpoint: str, found: Read) -> bool:
+    """Whether the line is a request for `endpoint` (else its error noted)."""
     if not isinstance(request, dict):
         found.refuse("invalid_request", "The line is not a JSON object.", number)
-        return None
+        return False
     for name, kind in (("custom_id", str), ("method", str), ("url", str), ("body", dict)):
         if not isinstance(request.get(name), kind):
             found.refuse(
@@ -122,10 +123,10 @@ def _line(request: Any, number: int, endpoint: str, found: Read) -> Line | None:
                 number,
                 param=name,
             )
-            return None
+            return False
     if request["method"].upper() != "POST":
         found.refuse("invalid_method", "The method must be POST.", number, param="method")
-        return None
+        return False
     if request["url"] != endpoint:
         found.refuse(
             "url_mismatch",
@@ -133,49 +134,61 @@ def _line(request: Any, number: int, endpoint: str, found: Read) -> Line | None:
             number,
             param="url",
         )
-        return None
-    return Line(number, request["custom_id"], orjson.dumps(request["body"]))
+        return False
+    return True
 
 
-def lengths(lines: list[Line], model: Model | None) -> np.ndarray:
-    """Each line's length: its longest text in the model's tokens (each text tokenised
-    once, all in one call), or its longest list of ids; 0 for what has neither."""
-    found = [_texts(orjson.loads(line.body)) for line in lines]
-    tokenizer = model.tokenizer if model is not None else None
-    flat = [item for items in found for item in items]
-    counts = [len(item) for item in flat]  # (ids; texts where no tokenizer reads them)
-    texts = [i for i, item in enumerate(flat) if isinstance(item, str)]
-    if tokenizer is not None and texts:
-        encoded = tokenizer.encode_batch([flat[i] for i in texts])
-        for i, tokens in zip(texts, encoded, strict=True):
-            counts[i] = len(tokens.ids)
-    each = iter(counts)
-    return np.array([max((next(each) for _ in items), default=0) for items in found], np.int64)
+def _refuse_repeats(path: Path, found: Read, hashes: np.ndarray | None) -> None:
+    """Each line whose `custom_id` an earlier line has, refused: only the lines whose hashes
+    meet are read again, and their ids compared whole."""
+    if hashes is None:
+        return
+    values, counts = np.unique(hashes, return_counts=True)
+    suspects = np.flatnonzero(np.isin(hashes, values[counts > 1]))
+    seen: set[str] = set()
+    with Requests(path, found.offsets, found.sizes) as requests:
+        for i in suspects.tolist():
+            custom_id = requests.custom_id(i)
+            if custom_id in seen:
+                found.refuse(
+                    "duplicate_custom_id",
+                    f"The custom_id {custom_id!r} is used by an earlier line; each must be unique.",
+                    int(found.numbers[i]),
+                    param="custom_id",
+                )
+            seen.add(custom_id)
 
 
-def _texts(body: Any) -> list[Any]:
-    """The texts (or id lists) a body holds under the routes' text fields."""
-    found: list[Any] = []
+class Requests:
+    """A batch's input file, its requests read one at a time where `read` found them."""
 
-    def walk(value: Any) -> None:
-        ids = isinstance(value, list) and value and all(isinstance(v, int) for v in value)
-        if isinstance(value, str) or ids:
-            found.append(value)
-        elif isinstance(value, list):
-            for item in value:
-                walk(item)
-        elif isinstance(value, dict) and "text" in value:
-            walk(value["text"])
+    def __init__(self, path: Path, offsets: np.ndarray, sizes: np.ndarray) -> None:
+        self.offsets, self.sizes = offsets, sizes
+        self._fd = os.open(path, os.O_RDONLY)
 
-    for name in TEXT_FIELDS:
-        if name in body:
-            walk(body[name])
-    return found
+    def raw(self, i: int) -> bytes:
+        return os.pread(self._fd, int(self.sizes[i]), int(self.offsets[i]))
 
+    def parsed(self, i: int) -> dict[str, Any]:
+        request: dict[str, Any] = orjson.loads(self.raw(i))
+        return request
 
-def order(lengths: np.ndarray) -> np.ndarray:
-    """The lines' order: by length, the file's order among equals."""
-    return np.argsort(lengths, kind="stable")
+    def custom_id(self, i: int) -> str:
+        return str(self.parsed(i)["custom_id"])
+
+    def request(self, i: int) -> tuple[str, bytes]:
+        """Request `i`: its custom_id, and its body as JSON."""
+        request = self.parsed(i)
+        return request["custom_id"], orjson.dumps(request["body"])
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+    def __enter__(self) -> Requests:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
 
 
 def served(engine: Engine, name: str | None) -> bool:

@@ -1,9 +1,10 @@
 """One batch, from its input file to its output files: read and checked (`lines`), ordered by
-length, then each line sent through the one request path (`Dispatch`: the application in
-process, at the bulk level) with a bounded number in flight, and answered back in the
-order's prefix: the answers of the first `done` lines of the order are in the first bytes
-of the output and error files that the last checkpoint names. A restart truncates both files
-to their checkpoint and goes on from `done`, so each line is answered exactly once.
+length (`ordering`) into its plan (`plan`), then each line read from the file and sent
+through the one request path (`Dispatch`: the application in process, at the bulk level)
+with a bounded number in flight, and answered back in the order's prefix: the answers of
+the first `done` lines of the order are in the first bytes of the output and error files
+that the last checkpoint names. A restart truncates both files to their checkpoint and goes
+on from `done`, so each line is answered exactly once.
 
 A line the server could not take now (503: a queue full, or 504) is sent again later: bulk
 work waits for room, it is never refused for the lack of it. Any other answer is the line's:
@@ -17,14 +18,11 @@ recorded even on a full disk (`Store.end`).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import logging
-import os
 import shutil
 import time
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
@@ -32,14 +30,16 @@ import numpy as np
 import orjson
 
 from bucketserve.core.engine import Engine
-from bucketserve.jobs import lines
-from bucketserve.jobs.store import BatchRecord, Progress, Store, now
+from bucketserve.jobs import lines, ordering
+from bucketserve.jobs.plan import Plan, read_plan, write_plan
+from bucketserve.jobs.store import BatchRecord, Store, now
+from bucketserve.jobs.writer import Answered, JobFailed, Writer
 from bucketserve.metrics import JOB_TENANT, Metrics
+from bucketserve.runtime.sessions import return_freed_memory
 
 log = logging.getLogger(__name__)
 
 CHECKPOINT_S = 1.0  # answers are made durable at least this often
-WRITE_BUFFER = 1 << 20  # (answers are a few KiB each: one write to the system per hundreds)
 IN_FLIGHT = 64  # lines sent at once: two of a long bucket's batches, in order of length
 RETRY_S = (0.05, 2.0)  # a line the server had no room for: first wait, longest wait
 RETRIED = (503, 504)
@@ -59,27 +59,6 @@ class Dispatch(Protocol):
     def __call__(
         self, path: str, body: bytes, tenant: str, request_id: str
     ) -> Awaitable[Reply]: ...
-
-
-class JobFailed(Exception):
-    """The batch cannot go on (its model gone, its files unwritable): failed, with this."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-
-    @classmethod
-    def unwritable(cls, what: str, exc: OSError) -> JobFailed:
-        return cls("output_unwritable", f"writing {what}: {exc.strerror or exc}")
-
-
-@dataclass
-class Answered:
-    """One line's answer, as its file line."""
-
-    ok: bool
-    line: bytes
-    tokens: int
 
 
 class Runner:
@@ -142,60 +121,67 @@ class Runner:
     async def _validate(self) -> None:
         record = self.record
         path = self.store.file_path(record.object["input_file_id"])
-        try:
-            read = await asyncio.to_thread(lines.read, path, record.object["endpoint"], self.engine)
-        except OSError as exc:
-            raise JobFailed("file_unreadable", f"the input file: {exc.strerror}") from None
+        read = await asyncio.to_thread(self._planned, path, record.object["endpoint"])
         if read.errors:
             self._status("failed", errors=_errors(read.errors))
             return
-        model = lines.the_model(self.engine, read.model)
-        lengths = await asyncio.to_thread(lines.lengths, read.lines, model)
-        numbers = np.array([line.number for line in read.lines], np.int64)
-        plan = self.folder / "order.npz"
-        written = self.folder / "order.tmp.npz"
-        try:
-            self.folder.mkdir(parents=True, exist_ok=True)
-            np.savez(written, order=lines.order(lengths), lengths=lengths, numbers=numbers)
-            os.replace(written, plan)
-        except OSError as exc:
-            written.unlink(missing_ok=True)
-            raise JobFailed.unwritable("the batch's order", exc) from None
-        counts = {"total": len(read.lines), "completed": 0, "failed": 0}
+        counts = {"total": len(read), "completed": 0, "failed": 0}
         self.store.update(self.batch_id, request_counts=counts, model=read.model)
         self._status("cancelling" if self._cancel.is_set() else "in_progress")
+
+    def _planned(self, path: Path, endpoint: str) -> lines.Read:
+        """(In a thread.) The input read and checked and, unless it is refused, its plan
+        written: the order by length, and where each request lies in the file."""
+        try:
+            read = lines.read(path, endpoint, self.engine)
+            if read.errors:
+                return read
+            model = lines.the_model(self.engine, read.model)
+            with lines.Requests(path, read.offsets, read.sizes) as requests:
+                lengths = ordering.file_lengths(read, requests, model)
+        except OSError as exc:
+            raise JobFailed("file_unreadable", f"the input file: {exc.strerror}") from None
+        finally:
+            return_freed_memory()  # (what reading made, the tokenizer's included)
+        plan = Plan(ordering.order(lengths), lengths, read.offsets, read.sizes)
+        try:
+            write_plan(self.folder, plan)
+        except OSError as exc:
+            raise JobFailed.unwritable("the batch's order", exc) from None
+        return read
 
     # -- in progress ----------------------------------------------------------------------
 
     async def _answer(self) -> None:
         record = self.record
-        plan = np.load(self.folder / "order.npz")
-        order, lengths, numbers = plan["order"], plan["lengths"], plan["numbers"]
-        wanted = set(numbers.tolist())
         path = self.store.file_path(record.object["input_file_id"])
         try:
-            found = await asyncio.to_thread(_requests, path, wanted)
+            plan = await asyncio.to_thread(read_plan, self.folder, path)
+        except OSError as exc:
+            raise JobFailed("output_lost", f"the batch's order: {exc.strerror}") from None
+        try:
+            requests = lines.Requests(path, plan.offsets, plan.sizes)
         except OSError as exc:
             raise JobFailed("file_unreadable", f"the input file: {exc.strerror}") from None
-        requests = [found[n] for n in numbers.tolist()]
-        with Writer(self.folder, record.progress) as writer:
+        with requests, Writer(self.folder, record.progress) as writer:
             try:
-                await self._send(record, requests, order, lengths, writer)
+                await self._send(record, requests, plan.order, plan.lengths, writer)
             finally:
                 if not writer.broken:  # (what was answered, kept; a failed write says why)
                     await writer.checkpoint(self.store, self.batch_id)
-        if self._cancel.is_set():
-            if self.record.status != "cancelling":
-                self._status("cancelling")
-        elif writer.progress.done == len(order):
-            self._status("finalizing")
-        elif self._expired(record):
-            await asyncio.to_thread(self._expire, requests, order, writer.progress.done)
+            done = writer.progress.done
+            if self._cancel.is_set():
+                if self.record.status != "cancelling":
+                    self._status("cancelling")
+            elif done == len(plan.order):
+                self._status("finalizing")
+            elif self._expired(record):
+                await asyncio.to_thread(self._expire, requests, plan.order, done)
 
     async def _send(
         self,
         record: BatchRecord,
-        requests: list[tuple[str, bytes]],
+        requests: lines.Requests,
         order: np.ndarray,
         lengths: np.ndarray,
         writer: Writer,
@@ -207,8 +193,8 @@ class Runner:
         sent: set[asyncio.Task[None]] = set()
 
         async def one(position: int) -> None:
-            custom_id, body = requests[int(order[position])]
             try:
+                custom_id, body = _request(requests, int(order[position]))
                 answer = await self._line(endpoint, custom_id, body, tenant)
                 if answer is not None:
                     answer.tokens = int(lengths[order[position]])
@@ -216,6 +202,8 @@ class Runner:
                     self.metrics.job_line_done(answer.ok, answer.tokens)
             except JobFailed as exc:
                 failed.append(exc)
+            except OSError as exc:  # (the state, noting a fingerprint)
+                failed.append(JobFailed.unwritable("the batch's state", exc))
             finally:
                 room.release()
 
@@ -299,7 +287,7 @@ class Runner:
     def _model_served(self) -> bool:
         return lines.served(self.engine, self.record.object.get("model"))
 
-    def _expire(self, requests: list[tuple[str, bytes]], order: np.ndarray, done: int) -> None:
+    def _expire(self, requests: lines.Requests, order: np.ndarray, done: int) -> None:
         """The lines not answered within the window, each an error line, as OpenAI's."""
         error = {
             "code": "batch_expired",
@@ -307,7 +295,7 @@ class Runner:
         }
         with Writer(self.folder, self.record.progress) as writer:
             for position in range(done, len(order)):
-                custom_id = requests[int(order[position])][0]
+                custom_id = requests.custom_id(int(order[position]))
                 line = error_line(self.batch_id, custom_id, error)
                 writer.answered(position, Answered(False, line, 0))
             writer.durable(writer.snapshot(), self.store, self.batch_id)
@@ -331,6 +319,7 @@ class Runner:
         self._status(status, **ids, **fields)
         if self.store.recorded(self.batch_id):  # (else the next start resumes from it)
             shutil.rmtree(self.folder, ignore_errors=True)  # (its order, what was not kept)
+        return_freed_memory()  # (what the batch held, back to the system)
 
     def _output_files(self) -> dict[str, str]:
         record = self.record
@@ -354,97 +343,12 @@ class Runner:
         return ids
 
 
-class Writer:
-    """The answers, appended to the batch's files in the order's prefix, made durable at each
-    checkpoint (files synced, then the state committed)."""
-
-    def __init__(self, folder: Path, progress: Progress) -> None:
-        self.progress = progress
-        self.broken = False  # a write failed: nothing more is written
-        self._pending: dict[int, Answered] = {}
-        try:
-            self._files = {
-                True: _opened(folder / "output.jsonl", progress.output_bytes),
-                False: _opened(folder / "errors.jsonl", progress.error_bytes),
-            }
-        except OSError as exc:
-            raise JobFailed.unwritable("the output", exc) from None
-        self._written = {True: progress.output_bytes, False: progress.error_bytes}
-        self._counts = {True: progress.completed, False: progress.failed}
-        self._tokens = progress.tokens
-        self._next = progress.done
-
-    def answered(self, position: int, answer: Answered) -> None:
-        if self.broken:  # (the batch fails with the first failure; later lines go nowhere)
-            return
-        self._pending[position] = answer
-        while self._next in self._pending:
-            done = self._pending[self._next]
-            try:
-                self._files[done.ok].write(done.line)
-            except OSError as exc:
-                self.broken = True
-                raise JobFailed.unwritable("the output", exc) from None
-            del self._pending[self._next]
-            self._written[done.ok] += len(done.line)
-            self._counts[done.ok] += 1
-            self._tokens += done.tokens
-            self._next += 1
-
-    def snapshot(self) -> Progress:
-        """What is answered so far, its bytes handed to the system. On the loop, where lines
-        are appended: no line is half in it."""
-        try:
-            for file in self._files.values():
-                file.flush()
-        except OSError as exc:
-            self.broken = True
-            raise JobFailed.unwritable("the output", exc) from None
-        return Progress(self._next, self._written[True], self._written[False],
-                        self._counts[True], self._counts[False], self._tokens)  # fmt: skip
-
-    def durable(self, progress: Progress, store: Store, batch_id: str) -> None:
-        """`progress` made durable: the files synced (lines appended meanwhile, past it, are
-        cut at a restart), then the state committed. In a thread: the loop goes on."""
-        try:
-            for file in self._files.values():
-                os.fsync(file.fileno())
-            store.checkpoint(batch_id, progress)
-        except OSError as exc:
-            self.broken = True
-            raise JobFailed.unwritable("the output", exc) from None
-        self.progress = progress
-
-    async def checkpoint(self, store: Store, batch_id: str) -> None:
-        await asyncio.to_thread(self.durable, self.snapshot(), store, batch_id)
-
-    def __enter__(self) -> Writer:
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        for file in self._files.values():
-            with contextlib.suppress(OSError):
-                file.close()
-
-
-def _opened(path: Path, size: int) -> Any:
-    """`path` for appending after its first `size` bytes (what a checkpoint counted)."""
-    file = path.open("ab", buffering=WRITE_BUFFER)
-    if file.seek(0, os.SEEK_END) < size:  # (a checkpoint is committed after its bytes)
-        file.close()
-        raise JobFailed("output_lost", f"{path.name} is shorter than its last checkpoint")
-    file.truncate(size)
-    return file
-
-
-def _requests(path: Path, wanted: set[int]) -> dict[int, tuple[str, bytes]]:
-    """The input file's requests (custom_id, body), by line number: those `wanted`."""
-    found: dict[int, tuple[str, bytes]] = {}
-    for number, raw in lines.raw_lines(path):
-        if number in wanted:
-            request = orjson.loads(raw)
-            found[number] = (request["custom_id"], orjson.dumps(request["body"]))
-    return found
+def _request(requests: lines.Requests, i: int) -> tuple[str, bytes]:
+    """Request `i` read from the input file (JobFailed: it cannot be)."""
+    try:
+        return requests.request(i)
+    except OSError as exc:
+        raise JobFailed("file_unreadable", f"the input file: {exc.strerror}") from None
 
 
 def _errors(errors: list[dict[str, Any]]) -> dict[str, Any]:

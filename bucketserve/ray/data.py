@@ -29,7 +29,7 @@ import ray
 
 from bucketserve.core.task import Task
 from bucketserve.edges.http.app import create_app
-from bucketserve.jobs import lines
+from bucketserve.jobs import ordering
 from bucketserve.jobs.runner import IN_FLIGHT, RETRIED, RETRY_S, Dispatch
 from bucketserve.process.wiring import running, wire
 from bucketserve.ray.options import read_settings
@@ -87,7 +87,6 @@ class Embed:
         """Each text's answer from the route, sent longest-last, `IN_FLIGHT` at a time."""
         named = {"model": self.model} if self.model is not None else {}
         bodies = [orjson.dumps({"input": text, **named}) for text in texts]
-        found = [lines.Line(i + 1, str(i), body) for i, body in enumerate(bodies)]
         room = asyncio.Semaphore(IN_FLIGHT)
         answers: list[tuple[int, bytes]] = [(0, b"")] * len(texts)
 
@@ -95,7 +94,7 @@ class Embed:
             async with room:
                 answers[i] = await self._answer(bodies[i], i)
 
-        order = lines.order(lines.lengths(found, self.embedder))
+        order = ordering.order(ordering.body_lengths(bodies, self.embedder))
         await asyncio.gather(*(one(int(i)) for i in order))
         return answers
 
