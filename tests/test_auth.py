@@ -174,8 +174,9 @@ def test_the_tenant_header_names_a_tenant_only_for_a_gateways_key() -> None:
     for named in ("carol", "alice"):
         with pytest.raises(Forbidden, match="may not name a tenant in X-Tenant"):
             keys.tenant(bob, [named])
-    with pytest.raises(Forbidden, match="names the tenant of an API key"):
-        keys.tenant(edge, ["alice"])
+    for taken in ("alice", "job:batch_0123"):  # (a key's, a bulk job's)
+        with pytest.raises(Forbidden, match="names the tenant of an API key or a bulk job"):
+            keys.tenant(edge, [taken])
     long = "t" * 256
     assert keys.tenant(edge, [long]) == long  # (the longest taken, whole)
     with pytest.raises(MalformedRequest, match="at most 256 characters"):

@@ -12,8 +12,8 @@ The key also names the request's tenant (its name in the key file; keys without 
 one tenant ""): whose share of a model the request uses, and who owns the bulk files and
 batches it makes. Behind a gateway that names tenants itself (`--tenant-header`), the header
 names the tenant for the gateway's keys only (`gateway` on their line; where no line says so,
-for keys that are all one tenant's, as a single key is), and never a tenant that is a key's:
-no key reaches another's tenant by naming it. A name is compared whole; one past
+for keys that are all one tenant's, as a single key is), and never a tenant that is a key's
+or a bulk job's: no key reaches another's tenant by naming it. A name is compared whole; one past
 MAX_TENANT_CHARS is refused, never cut.
 """
 
@@ -24,6 +24,7 @@ import re
 from collections.abc import Collection, Mapping, Sequence
 
 from bucketserve.errors import Forbidden, MalformedRequest, Unauthorized
+from bucketserve.metrics import JOB_TENANT
 from bucketserve.settings import Settings
 
 # HTTP paths and gRPC methods that need no key: liveness, readiness, a model's readiness.
@@ -138,10 +139,10 @@ class ApiKeys:
                 f"this API key may not name a tenant in {self.header_name}: a gateway's key "
                 "may (`gateway` at the end of its line in --api-key-file)"
             )
-        if given in self.tenants:
+        if given in self.tenants or given.startswith(JOB_TENANT):
             raise Forbidden(
-                f"{self.header_name} names the tenant of an API key: a gateway names tenants "
-                "of its own"
+                f"{self.header_name} names the tenant of an API key or a bulk job: a gateway "
+                "names tenants of its own"
             )
         return given
 
