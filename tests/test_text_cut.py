@@ -135,7 +135,7 @@ def test_a_cut_text_keeps_the_tokens_of_the_whole(family: str, text: str, left: 
         return
     (ids,) = model.encode([text], Truncation(left=left))
     assert ids.tolist() == whole(tok, text, left).ids
-    (tokens,) = model.tokens([text], truncation=Truncation(left=left))
+    (tokens,) = model.text.tokens([text], truncation=Truncation(left=left))
     reference = whole(tok, text, left)
     assert [(t.get("start"), t.get("stop")) for t in tokens] == [
         (None, None) if special else span

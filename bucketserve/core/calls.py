@@ -121,7 +121,7 @@ class Texts:
         (`in_windows`), else None (cut as they are)."""
         if not in_windows(self.long_inputs, model, merges):
             return None
-        windows = model.encode_windows(self._prompted(model), model.info.window_overlap)
+        windows = model.text.encode_windows(self._prompted(model), model.info.window_overlap)
         return [[(model.validate(w, i), None) for w in text] for i, text in enumerate(windows)]
 
     @property
@@ -134,7 +134,7 @@ class Texts:
 
     def with_tokens(self, model: Model) -> tuple[list[np.ndarray], list[list[dict[str, Any]]]]:
         """`sequences`, and each text's tokens (`Model.tokens`) from the same tokenisation."""
-        encoded, tokens = model.encode_with_tokens(self._prompted(model), self.truncation)
+        encoded, tokens = model.text.encode_with_tokens(self._prompted(model), self.truncation)
         return [model.validate(seq, i) for i, seq in enumerate(encoded)], tokens
 
     def _prompted(self, model: Model) -> Sequence[str]:
@@ -171,7 +171,7 @@ class LateChunks:
         empty = next((i for i, text in enumerate(self.texts) if not text), None)
         if empty is not None:
             raise InvalidInput(f"text {empty}: empty")
-        sequence, chunks = model.encode_chunks(self.texts)
+        sequence, chunks = model.text.encode_chunks(self.texts)
         return [model.validate(sequence, 0)], [[{"chunk": c} for c in chunks]]
 
 
@@ -194,7 +194,7 @@ class TextPairs:
         if not in_windows(self.long_inputs, model, merges):
             return None
         self._refuse_empty()
-        windows = model.encode_pair_windows(self.pairs, model.info.window_overlap)
+        windows = model.text.encode_pair_windows(self.pairs, model.info.window_overlap)
         return [
             [(segmented(model.validate(token_ids(w), i), w["segment"]), span) for w, span in pair]
             for i, pair in enumerate(windows)

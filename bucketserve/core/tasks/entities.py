@@ -169,7 +169,9 @@ class TagTokens:
     ) -> Outputs:
         rule = token_classifier_rule(model)
         scores = rule.scores(outputs[rule.output])
-        found = entities(scores, tokens, rule.labels, self.aggregation, model.joined, self.ignore)
+        found = entities(
+            scores, tokens, rule.labels, self.aggregation, model.text.joined, self.ignore
+        )
         return {ENTITIES: np.array(found, dtype=object)}  # (the entities, as they are)
 
 

@@ -60,8 +60,8 @@ class FillMask:
         filled = [ids.copy() for _ in best]
         for row, token in zip(filled, best, strict=True):
             row[at] = token
-        texts = model.decode([row.tolist() for row in filled], skip_special=single)
-        strings = model.decode([[int(t)] for t in best], skip_special=False)
+        texts = model.text.decode([row.tolist() for row in filled], skip_special=single)
+        strings = model.text.decode([[int(t)] for t in best], skip_special=False)
         return [
             {"score": float(probabilities[t]), "token": int(t), "token_str": s, "sequence": text}
             for t, s, text in zip(best, strings, texts, strict=True)

@@ -58,7 +58,7 @@ class Tokenize:
     def answer_all(self, model: Model, inputs: Any) -> list[Outputs]:
         texts: Sequence[str] = inputs.texts
         truncation: Truncation = getattr(inputs, "truncation", TRUNCATE)
-        tokens = model.tokens(texts, self.special, truncation)
+        tokens = model.text.tokens(texts, self.special, truncation)
         return [{TOKENS: np.array(t, dtype=object)} for t in tokens]
 
 
@@ -78,9 +78,10 @@ class Decode:
         raise AssertionError("the tokenizer alone runs no model")  # (answer_all answers)
 
     def answer_all(self, model: Model, inputs: Any) -> list[Outputs]:
-        texts = model.decode(inputs.rows, self.skip_special)
+        texts = model.text.decode(inputs.rows, self.skip_special)
         return [{TEXT: np.array(text, dtype=object)} for text in texts]
 
 
-def tokenizer_rule(model: Model) -> Any:
-    return rule_of(model, Task.TOKENIZE, "has no tokenizer")
+def tokenizer_rule(model: Model) -> bool:
+    """The model's tokenizer rule (its tokenizer, run alone: True), or InvalidInput."""
+    return bool(rule_of(model, Task.TOKENIZE, "has no tokenizer"))
