@@ -33,19 +33,24 @@ def running_server(
     ready_within_s: float = 120,
     result_cache: bool = False,
     address_space: int | None = None,
+    cgroup: Path | None = None,
 ) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     """`bucketserve serve` on the repository `models`: the process and its base URL, once
     /v2/health/ready answers 200, its bulk jobs kept beside the log. `result_cache`: as the
     server's default; off unless asked
     for (or `flags` give its size), since a load test replays a fixed set of requests and
     would otherwise measure the cache, not the model's path. `address_space`: the process's
-    RLIMIT_AS in bytes (a hard wall: past it, an allocation fails), set before it starts."""
+    RLIMIT_AS in bytes (a hard wall: past it, an allocation fails), set before it starts;
+    `cgroup`: a cgroup's folder the process runs in from its start (as a container's)."""
     command = [sys.executable, "-m", "bucketserve", "serve", "--models", str(models)]
     if address_space is not None:  # (set in the process itself, then Python again in it)
         limit = f"resource.setrlimit(resource.RLIMIT_AS, ({address_space}, {address_space}))"
         execute = "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
         wrapper = f"import os, resource, sys; {limit}; {execute}"
         command = [sys.executable, "-c", wrapper, *command[1:]]
+    if cgroup is not None:  # (the shell joins it, then becomes the server: no moment outside)
+        joined = f'echo $$ > {cgroup / "cgroup.procs"} && exec "$@"'
+        command = ["sh", "-c", joined, "sh", *command]
     off = [] if result_cache else ["--result-cache-mb", "0"]
     jobs = ["--jobs-dir", str(log_path.parent / "jobs")]  # (never the user's own)
     command += [*off, *jobs, *flags]  # (a flag given again wins)

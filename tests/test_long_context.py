@@ -6,10 +6,16 @@ the worst batch, 16 clients sending texts from 1 token to past the longest: noth
 every answer the reference library's on that text alone, the long ones that cannot fit
 refused (413) before they run, the short ones answered while long ones run, the server alive
 and its memory under the budget throughout. Once more with an address-space limit as the
-hard wall (a batch the budget let through that did not fit would fail there, not pass)."""
+hard wall (a batch the budget let through that did not fit would fail there, not pass), and
+once in a memory cgroup, as a container runs it: the budget read from its limit, which the
+kernel enforces by killing."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -204,3 +210,64 @@ def test_a_decoder_at_its_real_context_is_imported_at_what_the_budget_allows(
             got = np.asarray(answer.json()["data"][0]["embedding"])
             assert np.abs(got - reference(embedder, text)).max() <= TOLERANCE
             assert answer.json()["usage"]["prompt_tokens"] <= longest
+
+
+@contextlib.contextmanager
+def memory_cgroup(limit: int) -> Iterator[Path]:
+    """A cgroup of this process's own under its memory controller (v1's
+    `memory.limit_in_bytes`, or v2's `memory.max`), limited to `limit` bytes: what a
+    container's memory limit is. Skipped where it cannot be made (not root, no writable
+    controller); removed afterwards."""
+    from bucketserve.runtime.memory import CGROUP
+
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            parent, limit_file = CGROUP / "memory" / path.lstrip("/"), "memory.limit_in_bytes"
+            break
+    else:
+        parent, limit_file = CGROUP / path.lstrip("/"), "memory.max"
+    folder = parent / f"bucketserve-test-{os.getpid()}"
+    try:
+        folder.mkdir()
+        (folder / limit_file).write_text(str(limit))
+    except OSError as exc:
+        pytest.skip(f"no memory cgroup can be made here ({exc.strerror}): {folder}")
+    try:
+        yield folder
+    finally:
+        for _ in range(50):  # (its processes gone, it can be removed)
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+                break
+            time.sleep(0.1)
+
+
+def test_a_containers_memory_limit_is_the_budget(modernbert: dict[str, Any]) -> None:
+    """No --memory-budget: in a cgroup limited to 2 GiB (a container's limit, which the
+    kernel enforces by killing), the budget is read from it, the model's buckets cut to
+    what fits, and the mixed load answered with nothing lost and no kill."""
+    models, embedder = modernbert["models"], modernbert["embedder"]
+    texts, _ = load(seed=2)
+    tokens = counted_tokens(models / "modernbert" / "1" / "tokenizer.json", texts, 8192)
+    limit = 2 * 2**30
+    log = modernbert["root"] / "server-cgroup.log"
+    with (
+        memory_cgroup(limit) as cgroup,
+        running_server(models, "--request-timeout-ms", "600000", log_path=log, cgroup=cgroup) as (
+            process,
+            url,
+        ),
+    ):
+        memory = httpx.get(f"{url}/v2/models/modernbert/config", timeout=30).json()["memory"]
+        assert 0 < memory["budget_bytes"] < limit
+        assert memory["longest"] < MODERNBERT_CONTEXT
+        said = log.read_text()
+        assert "memory.limit_in_bytes" in said or "memory.max" in said
+        warm(url, models)
+        answered = mixed_load(url, "modernbert", texts, tokens, CLIENTS)
+        counts = checked(answered, texts, memory["longest"], embedder)
+        assert counts["refused"] > 0
+        assert counts["long_answered"] > 0
+        assert process.poll() is None
+        assert httpx.get(f"{url}/v2/health/ready", timeout=30).status_code == 200

@@ -31,7 +31,9 @@ from bucketserve.errors import DeadlineExceeded, InferenceFailed
 from bucketserve.logs import Throttled
 from bucketserve.tracing import Attributes, Tracing
 
-log = logging.getLogger(__name__)
+# (the scheduler's name: its lines are those operators filter and alert on, as before the
+# scheduler was made of two parts)
+log = logging.getLogger("bucketserve.core.scheduler")
 
 # A batch that needs at most this much memory is short; one that needs more is long (its
 # need grows with rows x length and rows x length^2, as its time does: seconds, for

@@ -1,11 +1,12 @@
 """The builder: a model spec becomes a ready model.
 
 spec -> the file its sessions load (for session-per-key, written once so they share weights)
--> a load-time session -> layout and rules (`layouts`) -> which way a mask points, decided on
-the original graph (`mask_way`) -> the invariance check (a model that does not read its input
-refused) and the policy it allows, where a copy may serve better checked too, its mask fed the
-way decided (a batch-1 declaration freed, `batch_free`; RNNs given each row's length,
-`pad_safe`) -> whether
+-> what a batch of it needs in memory, and so the lengths and rows the budget leaves it
+(`room`), which bound every run from here on -> a load-time session -> layout and rules
+(`layouts`) -> which way a mask points, decided on the original graph (`mask_way`) -> the
+invariance check (a model that does not read its input refused) and the policy it allows,
+where a copy may serve better checked too, its mask fed the way decided (a batch-1
+declaration freed, `batch_free`; RNNs given each row's length, `pad_safe`) -> whether
 batching pays (`speed`) -> the bucket plan -> an executor (and, on a CPU, a second one on
 every core for a batch that runs alone, when it answers as the first) -> the keys the config
 asks for bound and warm -> `Model`. The loader (`loader`) calls it for every model of a
@@ -257,8 +258,10 @@ def _planned(checked: _Checked, room: Room) -> tuple[BucketPlan, Speed | None]:
     if served.single is not None:  # no config makes a model batch that cannot
         policy = Policy.SINGLE
     log_verdict(spec.name, invariance, policy, batching.policy, checked.failures, served.single)
-    longest = room.longest(spec) // rules.multiple * rules.multiple or rules.multiple
-    edges = sorted({min(round_up(e, rules.multiple), longest) for e in room.edges(spec)})
+    edges = sorted({round_up(edge, rules.multiple) for edge in room.edges(spec)})
+    if room.longest(spec) < batching.longest:  # (cut where one sequence stops fitting: no
+        fits = max(rules.multiple, room.longest(spec) // rules.multiple * rules.multiple)
+        edges = sorted({min(edge, fits) for edge in edges})  # edge rounded up past it)
     plan = BucketPlan(
         tuple(edges),
         batching.max_batch_size,

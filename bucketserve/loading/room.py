@@ -71,7 +71,7 @@ class Room:
 
     def longest(self, spec: ModelSpec) -> int:
         """The longest bucket, or the longest length whose batch of one fits the budget
-        where that is shorter; ConfigError where not even a short sequence fits."""
+        where that is shorter; ConfigError where not even one step fits."""
         longest = spec.config.batching.longest
         if self.footprint is None or self.budget is None:
             return longest
@@ -110,7 +110,8 @@ class Room:
 
     def arena(self, spec: ModelSpec) -> bool:
         """Whether the model's sessions draw on the process's arena: unless its largest
-        batch (a full batch at any bucket) needs more than `ARENA_MOST`."""
+        batch (a full batch at any bucket) needs more than `ARENA_MOST`, or than
+        `ARENA_PART` of the budget."""
         if self.footprint is None:
             return True
         rows_at = self.rows_at(spec)
@@ -130,14 +131,11 @@ class Room:
         }
         if self.footprint is not None:
             described["footprint"] = self.footprint.described()
-            described["default_key_bytes"] = plan.need(*_shape(plan.default_key))
+            key = plan.default_key
+            described["default_key_bytes"] = plan.need(key.rows, key.length)
         if plan.max_length < spec.config.batching.longest:
             described["cut_from"] = spec.config.batching.longest
         return described
-
-
-def _shape(key: Any) -> tuple[int, int]:
-    return key.rows, key.length
 
 
 def _gib(size: float) -> str:

@@ -96,25 +96,28 @@ def _read_int(path: Path) -> int | None:
     return None
 
 
-def _cgroup_dirs(controller: str) -> list[Path]:
-    """The folders of this process's cgroup: v2's unified one, or v1's `controller`'s."""
+def _cgroup_dirs(controller: str, membership: Path, root: Path) -> list[Path]:
+    """The folders of this process's cgroup (as `membership`, /proc/self/cgroup, names it,
+    under `root`): v2's unified one, or v1's `controller`'s."""
     found: list[Path] = []
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/self/cgroup").read_text().splitlines():
+    with contextlib.suppress(OSError, ValueError):
+        for line in membership.read_text().splitlines():
             _, controllers, path = line.split(":", 2)
             relative = path.lstrip("/")
             if controllers == "":
-                found += [CGROUP / relative, CGROUP / "unified" / relative]
+                found += [root / relative, root / "unified" / relative]
             elif controller in controllers.split(","):
-                found += [CGROUP / controller / relative, CGROUP / controller]
+                found += [root / controller / relative, root / controller]
     return found
 
 
-def container_limit() -> Limit | None:
+def container_limit(
+    membership: Path = Path("/proc/self/cgroup"), root: Path = CGROUP
+) -> Limit | None:
     """The cgroup's memory limit and what the cgroup holds, v2 (`memory.max`,
     `memory.current`) or v1 (`memory.limit_in_bytes`, `memory.usage_in_bytes`); None when
     the process runs under none."""
-    for folder in _cgroup_dirs("memory"):
+    for folder in _cgroup_dirs("memory", membership, root):
         v2 = (folder / "memory.max", folder / "memory.current", "cgroup v2 memory.max")
         v1 = (
             folder / "memory.limit_in_bytes",
