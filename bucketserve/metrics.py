@@ -12,10 +12,20 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Collection, Mapping, Sequence
+from importlib.metadata import PackageNotFoundError, version
 from typing import Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
 
+from bucketserve.about import VERSION
 from bucketserve.settings import BULK_LEVEL
 
 
@@ -50,6 +60,9 @@ class Metrics:
     def __init__(self, tenants: Collection[str] = ()) -> None:
         """`tenants`: those labelled by name (the key file's, --tenant-weights')."""
         self.registry = CollectorRegistry()
+        # (the process's CPU, memory, open files and start time; the Python it runs on)
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
         self.tenants = frozenset(tenants)
         self._info_labels: dict[tuple[str, int], tuple[str, str, str, str]] = {}
         r = self.registry
@@ -199,6 +212,13 @@ class Metrics:
             "batches ready to run that wait for room in the memory budget",
             registry=r,
         )
+        self.build_info = Gauge(
+            "bucketserve_build_info",
+            "what this server is (always 1): its version, and the ONNX Runtime it runs on",
+            ["version", "onnxruntime"],
+            registry=r,
+        )
+        self.build_info.labels(VERSION, _installed("onnxruntime", "onnxruntime-gpu")).set(1)
         self.load_failed = Gauge(
             "bucketserve_model_load_failed",
             "models of the repository that did not load (served partially; always 1)",
@@ -422,6 +442,15 @@ class Metrics:
         if tenant.startswith(JOB_TENANT):
             return "jobs"
         return tenant if tenant in self.tenants else OTHER_TENANT
+
+
+def _installed(*packages: str) -> str:
+    """The version of the first of `packages` installed (read from its metadata: nothing is
+    imported), or "none"."""
+    for package in packages:
+        with contextlib.suppress(PackageNotFoundError):
+            return version(package)
+    return "none"
 
 
 def _level(level: int) -> str:

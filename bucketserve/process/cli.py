@@ -20,10 +20,17 @@ log = logging.getLogger("bucketserve.process.cli")
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from bucketserve.process import server
+    from bucketserve import logs
+    from bucketserve.about import NAME, VERSION
 
     overrides = {f.name: getattr(args, f.name) for f in fields(Settings)}
-    return server.run(Settings.from_env(**overrides))
+    settings = Settings.from_env(**overrides)
+    logs.configure(settings.log_level, settings.log_json)
+    # (said before the server's imports and the models' load, which take seconds)
+    log.info("%s %s starting: loading the models of %s", NAME, VERSION, settings.models)
+    from bucketserve.process import server
+
+    return server.run(settings)
 
 
 def _batch_run(args: argparse.Namespace) -> int:
@@ -71,6 +78,13 @@ def _plan(args: argparse.Namespace) -> int:
         lengths = lengths_from_metrics(args.metrics_url, args.model)
     top = args.max_length or max(lengths)
     sample = sorted(lengths)
+    if len(sample) < FEW_LENGTHS:
+        print(
+            f"warning: {len(sample)} lengths ({len(set(sample))} distinct) are too few to fit "
+            "buckets to: the proposal below fits them and nothing like them; sample the "
+            "traffic (a few thousand lengths, or --metrics-url) and give --max-length",
+            file=sys.stderr,
+        )
     print(
         f"sample: {len(sample)} lengths, median {sample[len(sample) // 2]}, "
         f"p99 {sample[int(len(sample) * 0.99)]}, longest {sample[-1]}"
@@ -91,6 +105,10 @@ def _plan(args: argparse.Namespace) -> int:
     print(f"power of two ({len(pow2)} keys): buckets = {list(pow2)}")
     print(f"  expected padding: {100 * padding_waste(lengths, pow2):.1f}% of computed tokens")
     return 0
+
+
+# A sample smaller than this is said to be too small to fit buckets to
+FEW_LENGTHS = 200
 
 
 def lengths_from_metrics(url: str, model: str | None) -> list[int]:
