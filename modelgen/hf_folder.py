@@ -4,14 +4,17 @@ exports one, for `bucketserve models import`: the transformers model its config.
 (optimum's task by its architecture: `importer.task_of`), traced to `model.onnx` by
 `hf_export`, beside copies of the folder's tokenizer and configs; then checked against the
 original, each text alone, on texts from one token to the longest the import serves (past
-every local attention window its config declares), before the import goes on. Reads the
-folder only. Needs the export extra (torch, transformers).
+every local attention window its config declares), before the import goes on. A module's
+own weights (a Dense module's, in 2_Dense/) are copied with its folder: the import folds them
+into the graph. A model the exporter cannot trace is refused in one line naming it, the cause
+and what to try. Reads the folder only. Needs the export extra (torch, transformers).
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +35,8 @@ WORDS = ["the", "cat", "sat", "on", "a", "mat", "while", "buckets", "of", "rain"
 # Not weights, not another graph: copied beside the export (configs, tokenizer, module folders)
 LEFT_BEHIND = ("*.safetensors", "*.safetensors.index.json", "*.bin", "*.h5", "*.msgpack",
                "*.ot", "*.pt", "*.pth", "*.onnx", "onnx", ".git")  # fmt: skip
+# In a module's folder (2_Dense/) its weights are kept; other graphs are not
+LEFT_BELOW = ("*.onnx", "onnx", "openvino", ".git")
 
 
 # config.json's fields that name an attention window narrower than the context (ModernBERT's
@@ -53,10 +58,44 @@ def export_folder(source: Path, into: Path) -> Exported:
     task = task_of(source)
     model, output, axes = _original(source, task)
     inputs = tuple(i for i in INPUTS if i in _inputs_taken(model))
-    shutil.copytree(source, into, ignore=shutil.ignore_patterns(*LEFT_BEHIND))
+    shutil.copytree(source, into, ignore=_left_behind(source))
     module = _named(model, inputs, output)
-    export_text_model(module, into / "model.onnx", {output: axes}, model.config.vocab_size, inputs)
+    try:
+        export_text_model(
+            module, into / "model.onnx", {output: axes}, model.config.vocab_size, inputs
+        )
+    except ModuleNotFoundError:  # (the export extra's: said by the command)
+        raise
+    except Exception as exc:  # (whatever the trace raised, from torch or the model's code)
+        raise ConfigError(_refusal(source, model, exc)) from None
     return Exported(into, task)
+
+
+def _left_behind(source: Path) -> Callable[[str, list[str]], set[str]]:
+    """What copying `source` leaves behind: LEFT_BEHIND at its top, LEFT_BELOW in folders."""
+    top, below = shutil.ignore_patterns(*LEFT_BEHIND), shutil.ignore_patterns(*LEFT_BELOW)
+
+    def ignored(folder: str, names: list[str]) -> set[str]:
+        return set((top if Path(folder) == source else below)(folder, names))
+
+    return ignored
+
+
+def _refusal(source: Path, model: Any, exc: BaseException) -> str:
+    """Why `model` was not exported, in one line: the model, the cause, what to try."""
+    import torch
+    import transformers
+
+    architecture = ", ".join(model.config.architectures or [type(model).__name__])
+    cause = " ".join(str(exc).split()) or "(no message)"
+    return (
+        f"{source}: {architecture} ({model.config.model_type}) could not be exported to ONNX by "
+        f"torch {torch.__version__}'s TorchScript exporter with transformers "
+        f"{transformers.__version__}: {type(exc).__name__}: {cause[:300]}. Try another "
+        "transformers release, or export it yourself (torch.onnx.export with dynamo=True and "
+        "dynamic sequence lengths, or optimum-cli export onnx) and import the folder holding "
+        "that model.onnx"
+    )
 
 
 def check_export(source: Path, exported: Exported, longest: int) -> str:

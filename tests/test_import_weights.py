@@ -136,3 +136,29 @@ def test_without_the_export_extra_the_refusal_names_optimums_command(tmp_path: P
     )
     assert command in str(refused.value)
     assert "pip install 'bucketserve[export]'" in str(refused.value)
+
+
+def test_a_model_the_exporter_cannot_trace_is_refused_in_one_line(
+    saved: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    """The trace failing as EmbeddingGemma's did under transformers 5 (`unordered_map::at`):
+    the command exits 2 with one line naming the model, the cause and what to try, never a
+    traceback, and leaves nothing in the repository."""
+    import modelgen.hf_folder
+    from bucketserve.process.cli import main
+
+    def failing(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("unordered_map::at")
+
+    monkeypatch.setattr(modelgen.hf_folder, "export_text_model", failing)
+    models = tmp_path / "models"
+    assert main(["models", "import", str(saved["root"] / "bert"), "--models", str(models)]) == 2
+    (error,) = [r for r in caplog.records if r.levelname == "ERROR"]
+    said = error.getMessage()
+    assert "\n" not in said
+    assert error.exc_info is None
+    assert "BertModel (bert) could not be exported to ONNX" in said
+    assert "RuntimeError: unordered_map::at" in said
+    assert "dynamo=True" in said
+    assert not models.exists() or not any(models.iterdir())
