@@ -5,7 +5,9 @@ the sentence-transformers files that say how to pool (`modules.json`, `sentence_
 `1_Pooling/config.json`).
 
 `pooled_reference` computes what the folder's pooling config prescribes from per-token states,
-written here apart from the server's embedding rule.
+written here apart from the server's embedding rule; `add_dense` puts sentence-transformers'
+Dense modules after the pooling (their config and safetensors weights, as it saves them) and
+`dense_reference` computes them.
 """
 
 from __future__ import annotations
@@ -117,6 +119,59 @@ def pooled_reference(states: np.ndarray, pooling: str, normalize: bool) -> np.nd
         vector = states.sum(axis=0) / np.sqrt(len(states))
     else:
         raise ValueError(pooling)
+    if normalize:
+        vector = vector / max(np.linalg.norm(vector), 1e-12)
+    return vector
+
+
+def add_dense(folder: Path, layers: list[tuple[np.ndarray, np.ndarray | None, str]]) -> Path:
+    """`folder` (a sentence-transformers export of `write_export`) with a Dense module after its
+    pooling for each (weight [out, in], bias or None, activation's class name) of `layers`,
+    Normalize (if any) moved after them, as sentence-transformers saves a module list."""
+    from safetensors.numpy import save_file
+
+    modules = json.loads((folder / "modules.json").read_text())
+    normalize = [m for m in modules if m["type"].endswith("Normalize")]
+    modules = [m for m in modules if not m["type"].endswith("Normalize")]
+    for weight, bias, activation in layers:
+        index = len(modules)
+        path = f"{index}_Dense"
+        module = "sentence_transformers.base.modules.dense.Dense"
+        modules.append({"idx": index, "name": str(index), "path": path, "type": module})
+        _write(
+            folder / path / "config.json",
+            {
+                "in_features": weight.shape[1],
+                "out_features": weight.shape[0],
+                "bias": bias is not None,
+                "activation_function": f"torch.nn.modules.activation.{activation}",
+                "module_input_name": "sentence_embedding",
+                "module_output_name": "sentence_embedding",
+            },
+        )
+        tensors = {"linear.weight": weight} | ({} if bias is None else {"linear.bias": bias})
+        save_file({k: v.astype(np.float32) for k, v in tensors.items()},
+                  str(folder / path / "model.safetensors"))  # fmt: skip
+    for module in normalize:
+        index = len(modules)
+        modules.append(module | {"idx": index, "name": str(index), "path": f"{index}_Normalize"})
+    _write(folder / "modules.json", modules)
+    return folder
+
+
+ACTIVATIONS = {"Identity": lambda x: x, "Tanh": np.tanh, "Sigmoid": lambda x: 1 / (1 + np.exp(-x)),
+               "ReLU": lambda x: np.maximum(x, 0)}  # fmt: skip
+
+
+def dense_reference(
+    pooled: np.ndarray, layers: list[tuple[np.ndarray, np.ndarray | None, str]], normalize: bool
+) -> np.ndarray:
+    """What sentence-transformers' Dense modules (and Normalize) compute from a pooled vector,
+    in float64."""
+    vector = np.asarray(pooled, np.float64)
+    for weight, bias, activation in layers:
+        vector = weight.astype(np.float64) @ vector + (0 if bias is None else bias)
+        vector = ACTIVATIONS[activation](vector)
     if normalize:
         vector = vector / max(np.linalg.norm(vector), 1e-12)
     return vector

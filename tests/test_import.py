@@ -24,11 +24,23 @@ from bucketserve.loading import load_engine
 from bucketserve.loading.importer import MODULE, bucket_edges, import_model
 from bucketserve.runtime.sessions import own_pools_allowed
 from bucketserve.settings import Settings
+from modelgen.graphs import encoder
+from modelgen.save import save_model
+from modelgen.wordpiece import vocabulary
 from tests.engines import serving
-from tests.exports import MAX_SEQ_LENGTH, pooled_reference, texts, tokenizer, write_export
+from tests.exports import (
+    MAX_SEQ_LENGTH,
+    WIDTH,
+    add_dense,
+    dense_reference,
+    pooled_reference,
+    texts,
+    tokenizer,
+    write_export,
+)
 
 
-def states_alone(folder: Path, text: str) -> np.ndarray:
+def states_alone(folder: Path, text: str, longest: int = MAX_SEQ_LENGTH) -> np.ndarray:
     """The export's own graph, on one text tokenised by its own tokenizer without padding:
     per-token states [T, W]."""
     onnx_path = next(
@@ -39,7 +51,7 @@ def states_alone(folder: Path, text: str) -> np.ndarray:
     session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
     tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
     tokenizer.no_padding()
-    tokenizer.enable_truncation(MAX_SEQ_LENGTH)
+    tokenizer.enable_truncation(longest)
     ids = np.asarray([tokenizer.encode(text).ids], np.int64)
     feeds = {
         "input_ids": ids,
@@ -81,6 +93,106 @@ async def test_each_pooling_the_folder_prescribes(
     for text, got in zip(batch, served, strict=True):
         want = pooled_reference(states_alone(folder, text), pooling, normalize)
         np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+def dense_layers(seed: int = 5) -> list[tuple[np.ndarray, np.ndarray | None, str]]:
+    """Two Dense modules: WIDTH -> 48 with a bias and tanh, 48 -> 16 without either."""
+    rng = np.random.default_rng(seed)
+    return [
+        (rng.normal(0, 0.3, (48, WIDTH)), rng.normal(0, 0.1, 48), "Tanh"),
+        (rng.normal(0, 0.3, (16, 48)), None, "Identity"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("pooling", "normalize"),
+    [("mean", True), ("cls", False), ("max", True), ("mean_sqrt_len", False), ("last", True)],
+)
+async def test_dense_modules_after_the_pooling_are_folded_into_the_graph(
+    tmp_path: Path, pooling: str, normalize: bool
+) -> None:
+    """The pooling and each Dense module (weights, bias, activation) as ONNX nodes answering
+    sentence_embedding, served as it is: each text's vector is sentence-transformers' modules
+    computed here from the export's own states, alone."""
+    layers = dense_layers()
+    folder = add_dense(write_export(tmp_path / "export", pooling=pooling, normalize=normalize),
+                       layers)  # fmt: skip
+    imported = import_model(folder, tmp_path / "models", "st")
+    embedding = imported.model.info.rule(Task.EMBED)
+    assert embedding is not None
+    assert (embedding.output, embedding.pooling.value, embedding.normalize, embedding.width) == (
+        "sentence_embedding",
+        "none",
+        normalize,
+        16,
+    )
+    assert f"#   pooling: {pooling} (1_Pooling/config.json)" in imported.config
+    assert "#   Dense: 2_Dense 32 -> 48 Tanh, 3_Dense 48 -> 16, folded" in imported.config
+    assert ("#   Normalize: applied" in imported.config) == normalize
+    batch = texts(12, seed=3)
+    served = await embeddings(tmp_path / "models", "st", batch)
+    for text, got in zip(batch, served, strict=True):
+        pooled = pooled_reference(states_alone(folder, text), pooling, normalize=False)
+        np.testing.assert_allclose(got, dense_reference(pooled, layers, normalize), atol=1e-5)
+
+
+async def test_a_long_models_fused_graph_is_folded_too(tmp_path: Path) -> None:
+    """Past 512 tokens the export's attention is fused first (`fusion`), then the head folded
+    onto that copy: a text of 900 tokens as the modules compute it from the export's states."""
+    layers = dense_layers()
+    folder = add_dense(write_export(tmp_path / "export"), layers)
+    axes = ("batch_size", "sequence_length")
+    graph = encoder(vocab=len(vocabulary()), dim=WIDTH, heads=4, ffn=64, pooled=False, axes=axes,
+                    seed=7, max_positions=1024)  # fmt: skip
+    save_model(graph, folder / "model.onnx")
+    (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 1000}))
+    imported = import_model(folder, tmp_path / "models", "st")
+    assert any("flash path" in note for note in imported.notes)
+    batch = [*texts(3, seed=4), " ".join(["cat"] * 900)]
+    served = await embeddings(tmp_path / "models", "st", batch)
+    for text, got in zip(batch, served, strict=True):
+        pooled = pooled_reference(states_alone(folder, text, 1000), "mean", normalize=False)
+        np.testing.assert_allclose(got, dense_reference(pooled, layers, True), atol=1e-5)
+
+
+def test_dense_modules_that_cannot_be_folded_are_said(tmp_path: Path) -> None:
+    """An activation the fold has no operator for, missing weights, a pooling that leaves the
+    prompt out: no embedding, and the note names the module and why."""
+    weight, bias, _ = dense_layers()[0]
+    gelu = add_dense(write_export(tmp_path / "gelu"), [(weight, bias, "GELU")])
+    said = import_model(gelu, tmp_path / "m").notes
+    assert (
+        "not folded: 2_Dense's activation GELU (folded: Identity, Tanh, Sigmoid, ReLU)" in said[0]
+    )
+    missing = add_dense(write_export(tmp_path / "missing"), [(weight, bias, "Tanh")])
+    (missing / "2_Dense" / "model.safetensors").unlink()
+    imported = import_model(missing, tmp_path / "m")
+    assert imported.model.info.rule(Task.EMBED) is None
+    assert "2_Dense: no weights (model.safetensors or pytorch_model.bin)" in imported.notes[0]
+    prompt = add_dense(write_export(tmp_path / "prompt"), [(weight, bias, "Tanh")])
+    pooling = json.loads((prompt / "1_Pooling" / "config.json").read_text())
+    (prompt / "1_Pooling" / "config.json").write_text(
+        json.dumps(pooling | {"include_prompt": False})
+    )
+    assert "include_prompt false" in import_model(prompt, tmp_path / "m").notes[0]
+
+
+def test_the_pad_id_is_the_tokenizers_where_the_config_has_none(tmp_path: Path) -> None:
+    """`pad_token_id: null` in config.json (Qwen3-Embedding's): the tokenizer's pad token
+    (tokenizer_config.json's, an AddedToken's form here) is the pad, and the heading says
+    which; with neither, tokenizer.json's padding."""
+    folder = write_export(tmp_path / "export")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(config | {"pad_token_id": None}))
+    pad = {"content": "[SEP]", "special": True, "__type": "AddedToken"}
+    (folder / "tokenizer_config.json").write_text(json.dumps({"pad_token": pad}))
+    imported = import_model(folder, tmp_path / "models", "one")
+    read = tomllib.loads(imported.config)["inputs"]["input_ids"]["pad_value"]
+    assert read == tokenizer().token_to_id("[SEP]") == 3
+    assert "#   pad: id 3, [SEP] (tokenizer_config.json's pad_token)" in imported.config
+    (folder / "tokenizer_config.json").unlink()
+    again = import_model(folder, tmp_path / "models", "two")
+    assert "#   pad: id 0 (tokenizer.json's padding)" in again.config
 
 
 def test_the_config_it_writes(tmp_path: Path) -> None:
@@ -135,7 +247,7 @@ def test_what_the_graph_does_not_hold_is_not_served_as_an_embedding(tmp_path: Pa
     (dense / "modules.json").write_text(json.dumps(modules))
     imported = import_model(dense, tmp_path / "m")
     assert imported.model.info.rule(Task.EMBED) is None
-    assert "['Dense']" in imported.notes[0]
+    assert "not folded: 2_Dense/config.json is missing" in imported.notes[0]
     (dense / "config.json").write_text("[1, 2]")
     with pytest.raises(ConfigError, match="expected a JSON object"):
         import_model(dense, tmp_path / "m", "again")
