@@ -155,6 +155,42 @@ async def test_a_long_models_fused_graph_is_folded_too(tmp_path: Path) -> None:
         np.testing.assert_allclose(got, dense_reference(pooled, layers, True), atol=1e-5)
 
 
+@pytest.mark.parametrize("saved_as", ["pytorch_model.bin", "float16", "bfloat16"])
+async def test_dense_weights_as_older_releases_and_half_precision_hold_them(
+    tmp_path: Path, saved_as: str
+) -> None:
+    """A Dense module's weights in pytorch_model.bin (LaBSE's and distiluse's releases before
+    safetensors; read through torch), or in float16 or bfloat16 safetensors: folded as
+    float32, each answer the modules' on those weights."""
+    torch = pytest.importorskip("torch")
+    from safetensors.numpy import load_file
+    from safetensors.torch import save_file
+
+    dtypes = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+    layers = dense_layers()
+    folder = add_dense(write_export(tmp_path / "export"), layers)
+    for module in ("2_Dense", "3_Dense"):
+        weights = folder / module / "model.safetensors"
+        tensors = {k: torch.from_numpy(v) for k, v in load_file(str(weights)).items()}
+        if saved_as == "pytorch_model.bin":
+            torch.save(tensors, folder / module / "pytorch_model.bin")
+            weights.unlink()
+        else:
+            save_file({k: v.to(dtypes[saved_as]) for k, v in tensors.items()}, str(weights))
+
+    def stored(array: np.ndarray) -> np.ndarray:  # (as the file holds it)
+        dtype = dtypes.get(saved_as, torch.float32)
+        return torch.from_numpy(array.astype(np.float32)).to(dtype).float().numpy()
+
+    layers = [(stored(w), None if b is None else stored(b), a) for w, b, a in layers]
+    import_model(folder, tmp_path / "models", "st")
+    batch = texts(4, seed=6)
+    served = await embeddings(tmp_path / "models", "st", batch)
+    for text, got in zip(batch, served, strict=True):
+        pooled = pooled_reference(states_alone(folder, text), "mean", normalize=False)
+        np.testing.assert_allclose(got, dense_reference(pooled, layers, True), atol=1e-5)
+
+
 def test_dense_modules_that_cannot_be_folded_are_said(tmp_path: Path) -> None:
     """An activation the fold has no operator for, missing weights, a pooling that leaves the
     prompt out: no embedding, and the note names the module and why."""
