@@ -31,7 +31,6 @@ memory budget where its own is longer (`room`), each said in the import's notes.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import json
 import re
 import shutil
@@ -41,9 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
 
 from bucketserve.core.memory import MemoryBudget
 from bucketserve.core.model import Model
@@ -53,7 +50,8 @@ from bucketserve.loading.builder import build_model, load_tokenizer
 from bucketserve.loading.fusion import fuse_attention
 from bucketserve.loading.planner import bucket_edges
 from bucketserve.loading.repository import CONFIG_FILE, MODEL_FILE, load_model_spec
-from bucketserve.loading.served_file import default_cache_dir, save_with_external_weights
+from bucketserve.loading.served_file import default_cache_dir
+from bucketserve.loading.st_modules import POOLED_OUTPUT, Head, described, fold, head_of, read_json
 from bucketserve.settings import Settings
 
 # Attention is fused where the model takes more tokens than this: there its scores (heads x
@@ -71,7 +69,6 @@ POOLING_MODES = {  # 1_Pooling/config.json's flags -> the embedding rule's pooli
     "pooling_mode_lasttoken": "last",
 }
 POOLING_NAMES = {"mean": "mean_tokens", "cls": "cls_token", "max": "max_tokens"}  # (6.0's)
-POOLED_OUTPUT = "sentence_embedding"  # pooled in the graph already
 STEP_OUTPUTS = ("token_embeddings", "last_hidden_state")  # what 1_Pooling pools
 # RoBERTa-style position tables start past the padding index: two of their rows are not
 # positions a text can reach.
@@ -79,30 +76,6 @@ POSITION_OFFSET = {"roberta": 2, "xlm-roberta": 2, "camembert": 2, "mpnet": 2, "
 # sentence-transformers' module class names, as modules.json names them: before 6.0 all in
 # this package; since, each in its own (`...base.modules.normalize.Normalize`): read by class.
 MODULE = "sentence_transformers.models."
-# A Dense module's activation (its class, as config.json names it) -> the ONNX operator folded
-# after its layer ("" for none); sentence-transformers' default, when none is named, is Tanh.
-DENSE_ACTIVATIONS = {"Identity": "", "Tanh": "Tanh", "Sigmoid": "Sigmoid", "ReLU": "Relu"}
-HEAD = "bucketserve_head"  # the prefix of what the fold adds to the graph
-
-
-@dataclass(frozen=True)
-class Dense:
-    """A sentence-transformers Dense module, read: activation(x W' + b)."""
-
-    path: str  # its folder, as modules.json names it (2_Dense)
-    weight: np.ndarray  # [out, in]
-    bias: np.ndarray | None  # [out]
-    activation: str  # DENSE_ACTIVATIONS' operator
-
-
-@dataclass(frozen=True)
-class Head:
-    """What import folds into the graph as its `sentence_embedding`: the per-token `source`
-    pooled as `pooling` says (POOLING_MODES' names), then each Dense module in order."""
-
-    source: str
-    pooling: str
-    dense: tuple[Dense, ...]
 
 
 @dataclass(frozen=True)
@@ -126,19 +99,6 @@ class Export:
     multi_vector: str | None = None  # a late-interaction model's per-token output (ColBERT)
     head: Head | None = None  # pooling and Dense modules to fold into the graph
     read: tuple[str, ...] = ()  # what was read, from which file: the config's heading
-
-
-def _json(path: Path, kind: type[dict[str, Any]] | type[list[Any]] = dict) -> Any:
-    """The file's JSON (an object, or a list), or an empty one when there is no such file."""
-    try:
-        content = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return kind()
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: not valid JSON: {exc}") from None
-    if not isinstance(content, kind):
-        raise ConfigError(f"{path}: expected a JSON {'object' if kind is dict else 'list'}")
-    return content
 
 
 def _onnx_file(folder: Path) -> Path:
@@ -188,7 +148,7 @@ def weights_of(folder: Path) -> list[Path]:
 
 def task_of(folder: Path) -> str:
     """optimum's export task of the model in `folder`, by its config.json."""
-    model_config = _json(folder / "config.json")
+    model_config = read_json(folder / "config.json")
     kinds = [task for kind, task in TASKS.items() if _is(model_config, kind)]
     return kinds[0] if kinds else "feature-extraction"
 
@@ -211,7 +171,7 @@ def read_export(folder: Path) -> Export:
     tokenizer_path = next((p for p in places if p.is_file()), None)
     if tokenizer_path is None:
         raise ConfigError(f"{folder}: no tokenizer.json (a fast tokenizer's file is needed)")
-    model_config = _json(folder / "config.json")
+    model_config = read_json(folder / "config.json")
     notes: list[str] = []
     graph = onnx.load(str(onnx_path), load_external_data=False)
     initialised = {init.name for init in graph.graph.initializer}
@@ -280,13 +240,13 @@ def _pad(folder: Path, model_config: dict[str, Any], tokenizer_path: Path) -> tu
     said = model_config.get("pad_token_id")
     if isinstance(said, int) and not isinstance(said, bool) and said >= 0:
         return said, f"id {said} (config.json's pad_token_id)"
-    token = _json(folder / "tokenizer_config.json").get("pad_token")
+    token = read_json(folder / "tokenizer_config.json").get("pad_token")
     token = token.get("content") if isinstance(token, dict) else token
     if isinstance(token, str):
         found = load_tokenizer(tokenizer_path, 1).token_to_id(token)
         if found is not None:
             return found, f"id {found}, {token} (tokenizer_config.json's pad_token)"
-    padding = _json(tokenizer_path).get("padding")
+    padding = read_json(tokenizer_path).get("padding")
     if isinstance(padding, dict) and isinstance(padding.get("pad_id"), int):
         return int(padding["pad_id"]), f"id {padding['pad_id']} (tokenizer.json's padding)"
     return 0, "id 0: neither config.json nor the tokenizer names one (read behind the mask)"
@@ -295,7 +255,7 @@ def _pad(folder: Path, model_config: dict[str, Any], tokenizer_path: Path) -> tu
 def _late_interaction(folder: Path, outputs: list[str]) -> str | None:
     """The one output of a late-interaction export (ColBERT as PyLate writes it: a module
     list of a Transformer and a Dense projection, no pooling), or None for any other."""
-    modules = [m for m in _json(folder / "modules.json", list) if isinstance(m, dict)]
+    modules = [m for m in read_json(folder / "modules.json", list) if isinstance(m, dict)]
     kinds = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules]
     if kinds[:1] != ["Transformer"] or "Dense" not in kinds or "Pooling" in kinds:
         return None
@@ -305,7 +265,7 @@ def _late_interaction(folder: Path, outputs: list[str]) -> str | None:
 def _prompts(folder: Path) -> dict[str, str] | None:
     """config_sentence_transformers.json's named prompts (e5's query = 'query: '), or
     PyLate's query and document prefixes, if any."""
-    config = _json(folder / "config_sentence_transformers.json")
+    config = read_json(folder / "config_sentence_transformers.json")
     prompts = config.get("prompts")
     named = {str(k): v for k, v in prompts.items()} if isinstance(prompts, dict) else {}
     for kind in ("query", "document"):
@@ -356,7 +316,7 @@ def _classifier(model_config: dict[str, Any], outputs: list[str]) -> dict[str, A
 def _max_length(folder: Path, model_config: dict[str, Any]) -> int:
     """Texts are cut to sentence-transformers' `max_seq_length` (sentence_bert_config.json's,
     or since 6.0 the tokenizer's `model_max_length`), else to the positions the model has."""
-    bert = _json(folder / "sentence_bert_config.json")
+    bert = read_json(folder / "sentence_bert_config.json")
     if isinstance(bert.get("max_seq_length"), int) and bert["max_seq_length"] > 0:
         return int(bert["max_seq_length"])
     positions = model_config.get("max_position_embeddings")
@@ -367,7 +327,7 @@ def _max_length(folder: Path, model_config: dict[str, Any]) -> int:
         )
     reachable = positions - POSITION_OFFSET.get(str(model_config.get("model_type")), 0)
     # (a tokenizer that sets no limit says 10^30, transformers' "very large")
-    tokenizers = _json(folder / "tokenizer_config.json").get("model_max_length")
+    tokenizers = read_json(folder / "tokenizer_config.json").get("model_max_length")
     shorter = isinstance(tokenizers, int) and 0 < tokenizers < reachable
     return int(tokenizers) if shorter else reachable
 
@@ -378,7 +338,7 @@ def _embedding(
     """The embedding rule the folder prescribes and the head to fold into the graph for it
     (where Dense modules follow the pooling), or None (with a note saying why); what was read
     goes to `read`."""
-    modules = [m for m in _json(folder / "modules.json", list) if isinstance(m, dict)]
+    modules = [m for m in read_json(folder / "modules.json", list) if isinstance(m, dict)]
     types = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules]
     normalize = "Normalize" in types
     if POOLED_OUTPUT in outputs:
@@ -390,7 +350,7 @@ def _embedding(
         (m.get("path") for m in modules if str(m.get("type", "")).endswith("Pooling")), None
     )
     pooling_file = f"{pooling_path or '1_Pooling'}/config.json"
-    pooling_config = _json(folder / pooling_file)
+    pooling_config = read_json(folder / pooling_file)
     if step_output is None or not pooling_config:
         notes.append(
             "no embedding: the folder has no sentence_embedding output, or no pooling config "
@@ -418,116 +378,15 @@ def _embedding(
     ]
     head = None
     if dense_paths:
-        head = _head(folder, step_output, pooling, pooling_config, inputs, dense_paths, notes)
+        head = head_of(folder, step_output, pooling, pooling_config, inputs, dense_paths, notes)
         if head is None:
             return None, None
-        layers = ", ".join(_described(d) for d in head.dense)
+        layers = ", ".join(described(d) for d in head.dense)
         read.append(f"Dense: {layers}, folded with the pooling into the graph's {POOLED_OUTPUT}")
     read += ["Normalize: applied"] if normalize else []
     if head is not None:
         return {"output": POOLED_OUTPUT, "pooling": "none", "normalize": normalize}, head
     return {"output": step_output, "pooling": pooling, "normalize": normalize}, None
-
-
-def _head(
-    folder: Path,
-    source: str,
-    pooling: str,
-    pooling_config: dict[str, Any],
-    inputs: list[str],
-    paths: list[str],
-    notes: list[str],
-) -> Head | None:
-    """The head to fold (`source` pooled, then the Dense modules at `paths`), or None with a
-    note saying why it cannot be folded."""
-    why = None
-    if "attention_mask" not in inputs:
-        why = "the graph takes no attention_mask, which the pooling reads"
-    elif pooling_config.get("include_prompt") is False:
-        why = "the pooling leaves the prompt's tokens out (include_prompt false)"
-    layers = []
-    for path in [] if why else paths:
-        layer = _dense(folder / path, path)
-        if isinstance(layer, str):
-            why = layer
-            break
-        layers.append(layer)
-    if why is None:
-        widths = [(d.weight.shape[1], d.weight.shape[0]) for d in layers]
-        if any(a[1] != b[0] for a, b in itertools.pairwise(widths)):
-            why = f"the Dense modules' widths do not chain ({widths})"
-    if why is not None:
-        notes.append(f"no embedding: Dense modules after the pooling, not folded: {why}")
-        return None
-    return Head(source, pooling, tuple(layers))
-
-
-def _described(layer: Dense) -> str:
-    """A Dense layer as the config's heading says it: `2_Dense 768 -> 3072 Tanh`."""
-    out, width = layer.weight.shape
-    return f"{layer.path} {width} -> {out}{' ' + layer.activation if layer.activation else ''}"
-
-
-def _dense(module: Path, path: str) -> Dense | str:
-    """The Dense module in `module` (its config.json and weights), or why it cannot be folded."""
-    config = _json(module / "config.json")
-    if not config:
-        return f"{path}/config.json is missing"
-    activation = str(config.get("activation_function") or "Tanh").rsplit(".", 1)[-1]
-    if activation not in DENSE_ACTIVATIONS:
-        return f"{path}'s activation {activation} (folded: {', '.join(DENSE_ACTIVATIONS)})"
-    if config.get("use_residual"):
-        return f"{path} adds its input back (use_residual)"
-    if config.get("module_input_name", POOLED_OUTPUT) != POOLED_OUTPUT:
-        return f"{path} reads {config['module_input_name']}, not the pooled {POOLED_OUTPUT}"
-    weights = _module_weights(module)
-    if isinstance(weights, str):
-        return f"{path}: {weights}"
-    weight, bias = weights.get("linear.weight"), weights.get("linear.bias")
-    shape = (config.get("out_features"), config.get("in_features"))
-    if weight is None or weight.shape != shape:
-        return f"{path}: no linear.weight of {shape[0]} x {shape[1]} in its weights"
-    if config.get("bias", True) and (bias is None or bias.shape != shape[:1]):
-        return f"{path}: no linear.bias of {shape[0]} in its weights"
-    used_bias = bias if config.get("bias", True) else None
-    return Dense(path, weight, used_bias, DENSE_ACTIVATIONS[activation])
-
-
-SAFETENSORS = {"F64": np.float64, "F32": np.float32, "F16": np.float16}
-
-
-def _module_weights(module: Path) -> dict[str, np.ndarray] | str:
-    """A module folder's tensors as float32, from model.safetensors (read here: a JSON header,
-    then the bytes) or pytorch_model.bin (through torch, of the export extra), or why not."""
-    path = module / "model.safetensors"
-    if path.is_file():
-        raw = path.read_bytes()
-        size = int.from_bytes(raw[:8], "little")
-        try:
-            header = json.loads(raw[8 : 8 + size])
-            tensors = {}
-            for name, info in header.items():
-                if name == "__metadata__":
-                    continue
-                start, end = (8 + size + offset for offset in info["data_offsets"])
-                if info["dtype"] == "BF16":  # (the high half of a float32)
-                    half = np.frombuffer(raw[start:end], "<u2").astype(np.uint32) << 16
-                    array = half.view(np.float32)
-                else:
-                    array = np.frombuffer(raw[start:end], np.dtype(SAFETENSORS[info["dtype"]]))
-                tensors[name] = array.reshape(info["shape"]).astype(np.float32)
-        except (ValueError, KeyError, TypeError) as exc:
-            return f"model.safetensors cannot be read ({type(exc).__name__}: {exc})"
-        return tensors
-    path = module / "pytorch_model.bin"
-    if not path.is_file():
-        return "no weights (model.safetensors or pytorch_model.bin)"
-    try:
-        import torch
-    except ModuleNotFoundError:
-        return "pytorch_model.bin is read with torch: pip install 'bucketserve[export]'"
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    return {str(k): v.float().numpy() for k, v in state.items()}
 
 
 def _pooling_modes(pooling_config: dict[str, Any]) -> list[str]:
@@ -673,7 +532,7 @@ def import_model(
         if fused is not None:
             notes.append(fused[1])
         if export.head is not None:
-            _fold(fused[0] if fused else export.onnx_path, export.head, version / MODEL_FILE)
+            fold(fused[0] if fused else export.onnx_path, export.head, version / MODEL_FILE)
         elif fused is not None:
             shutil.copyfile(fused[0], version / MODEL_FILE)
             shutil.copyfile(fused[0].with_name(fused[0].name + ".data"), version / DATA_FILE)
@@ -742,62 +601,3 @@ def _cut_note(declared: int, longest: int, fits: room.Room, budget: MemoryBudget
         "(--memory-budget, or the container's limit), then raise [tokenizer] max_length and "
         f"the last of [batching] buckets in config.toml (up to {declared})"
     )
-
-
-def _fold(source: Path, head: Head, target: Path) -> None:
-    """`source`'s graph with `head` added as ONNX nodes (the pooling as sentence-transformers'
-    Pooling computes it, then each Dense layer), answering `sentence_embedding` [batch, width]
-    beside its own outputs; written to `target` with its weights beside it."""
-    model = onnx.load(str(source))  # (with its external weights)
-    graph = model.graph
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
-    if opset < 13:
-        raise ConfigError(
-            f"{source}: opset {opset}: Dense modules are folded into graphs of opset 13 on; "
-            "export the model again at a later opset"
-        )
-    count = iter(range(10**6))
-
-    def const(value: np.ndarray) -> str:
-        name = f"{HEAD}/c{next(count)}"
-        graph.initializer.append(numpy_helper.from_array(value, name))
-        return name
-
-    def op(kind: str, *inputs: str, **attributes: Any) -> str:
-        name = f"{HEAD}/{kind}{next(count)}"
-        graph.node.append(helper.make_node(kind, list(inputs), [name], name=name, **attributes))
-        return name
-
-    def reduce(kind: str, x: str) -> str:  # over the time axis, dropped
-        if kind == "ReduceSum" or opset >= 18:  # (axes an input: ReduceSum from 13, all at 18)
-            return op(kind, x, const(np.array([1], np.int64)), keepdims=0)
-        return op(kind, x, axes=[1], keepdims=0)
-
-    states, mask = head.source, op("Cast", "attention_mask", to=TensorProto.FLOAT)
-    mask3 = op("Unsqueeze", mask, const(np.array([2], np.int64)))  # [B, T, 1]
-    if head.pooling in ("mean", "mean_sqrt_len"):
-        total = reduce("ReduceSum", op("Mul", states, mask3))
-        count_of = op("Max", reduce("ReduceSum", mask3), const(np.array(1e-9, np.float32)))
-        pooled = op("Div", total, count_of if head.pooling == "mean" else op("Sqrt", count_of))
-    elif head.pooling == "max":
-        padding = op("Equal", mask3, const(np.array(0, np.float32)))
-        lowest = const(np.array(-np.inf, np.float32))
-        pooled = reduce("ReduceMax", op("Where", padding, lowest, states))
-    else:  # cls: the first real token; last: the last (either padding side)
-        at = op("ArgMax", mask, axis=1, keepdims=1, select_last_index=int(head.pooling == "last"))
-        read_from = op("Mul", states, mask3) if head.pooling == "last" else states
-        pooled = op("GatherND", read_from, at, batch_dims=1)
-    for layer in head.dense:
-        pooled = op("MatMul", pooled, const(np.ascontiguousarray(layer.weight.T)))
-        if layer.bias is not None:
-            pooled = op("Add", pooled, const(layer.bias))
-        if layer.activation:
-            pooled = op(layer.activation, pooled)
-    graph.node.append(helper.make_node("Identity", [pooled], [POOLED_OUTPUT], name=f"{HEAD}/out"))
-    ids = next(i for i in graph.input if i.name == "input_ids").type.tensor_type.shape.dim[0]
-    rows = ids.dim_param or (ids.dim_value if ids.HasField("dim_value") else None)
-    width = head.dense[-1].weight.shape[0]
-    graph.output.append(
-        helper.make_tensor_value_info(POOLED_OUTPUT, TensorProto.FLOAT, [rows, width])
-    )
-    save_with_external_weights(model, target)
