@@ -65,6 +65,7 @@ from loadtest.lengths import LengthDistribution
 from loadtest.loadgen import Connect, Result, closed_loop, encode_post, http, open_loop
 from loadtest.payloads import natural_texts
 from loadtest.process import ROOT, free_port, running_process, running_server
+from loadtest.pss import pss
 
 CONCURRENCY = 16
 TARGETS = {"ceiling_ratio": 0.92, "speedup_vs_naive": 1.35, "padding_waste": 0.05}
@@ -246,11 +247,6 @@ def _waste(batches: list[tuple[int, int, dict[str, np.ndarray]]]) -> float:
     return 1 - real / computed
 
 
-def pss_bytes(pid: int) -> int:
-    with open(f"/proc/{pid}/smaps_rollup") as f:
-        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("Pss:"))
-
-
 @dataclass
 class Server:
     """A server process the benchmark started."""
@@ -312,7 +308,7 @@ def servers(
             while not stop.wait(0.25):
                 for srv in started:
                     with contextlib.suppress(OSError, StopIteration):
-                        srv.peak_pss = max(srv.peak_pss, pss_bytes(srv.process.pid))
+                        srv.peak_pss = max(srv.peak_pss, pss(srv.process.pid))
 
         sampler = threading.Thread(target=sample_memory, daemon=True)
         sampler.start()

@@ -22,8 +22,8 @@ from typing import Any
 import httpx
 import orjson
 
-from loadtest.bench import pss_bytes
 from loadtest.process import ROOT, running_server
+from loadtest.pss import pss
 
 Shape = Callable[[int], dict[str, Any]]
 V2 = "/v2/models/tiny-encoder/infer"
@@ -82,7 +82,7 @@ def measure(url: str, pid: int, path: str, body: bytes, copies: int = 1) -> dict
     the first answer's status, the server's CPU, its Pss growth at the peak, the slowest
     health answer, and the wall time until every copy was answered."""
     health: list[float] = []
-    peak = [pss_bytes(pid)]
+    peak = [pss(pid)]
     before = peak[0]
     done = threading.Event()
 
@@ -92,7 +92,7 @@ def measure(url: str, pid: int, path: str, body: bytes, copies: int = 1) -> dict
                 began = time.perf_counter()
                 client.get("/v2/health/live", timeout=600)
                 health.append(time.perf_counter() - began)
-                peak.append(pss_bytes(pid))
+                peak.append(pss(pid))
                 done.wait(0.01)
 
     watcher = threading.Thread(target=watch)

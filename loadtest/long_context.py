@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import contextlib
 import json
 import subprocess
 import sys
@@ -29,7 +28,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -39,10 +38,10 @@ import numpy as np
 
 from bucketserve.settings import Settings
 from loadtest.process import running_server
+from loadtest.pss import pss, pss_sampled
 from loadtest.scheduling_bench import metric, scrape
 
 SHORT, LONG = 256, 2048  # a short text, and a long one (tokens)
-SAMPLE_S = 0.02
 
 
 @dataclass(frozen=True)
@@ -58,35 +57,6 @@ class Answered:
     ended: float
     vector: list[float] | None
     error: str | None
-
-
-def pss(pid: int) -> int:
-    """The process's Pss in bytes (0 once it has gone)."""
-    with contextlib.suppress(OSError, ValueError):
-        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-            if line.startswith("Pss:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
-@contextlib.contextmanager
-def pss_sampled(pid: int) -> Iterator[list[int]]:
-    """The process's Pss read every `SAMPLE_S` while the block runs (the list fills)."""
-    samples: list[int] = []
-    done = threading.Event()
-
-    def sample() -> None:
-        while not done.is_set():
-            samples.append(pss(pid))
-            time.sleep(SAMPLE_S)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    try:
-        yield samples
-    finally:
-        done.set()
-        sampler.join()
 
 
 def mixed_lengths(count: int, context: int, seed: int = 0) -> list[int]:

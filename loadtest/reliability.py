@@ -37,11 +37,7 @@ from loadtest.lengths import LengthDistribution
 from loadtest.loadgen import closed_loop, encode_post, http
 from loadtest.payloads import texts
 from loadtest.process import ROOT, running_server
-
-
-def pss_mib(pid: int) -> float:
-    with open(f"/proc/{pid}/smaps_rollup") as f:
-        return next(int(line.split()[1]) / 1024 for line in f if line.startswith("Pss:"))
+from loadtest.pss import pss
 
 
 def repository(model: str, scratch: Path, part: str, queue_capacity: int | None = None) -> Path:
@@ -141,17 +137,17 @@ def soak(model: str, scratch: Path, requests: list[bytes], minutes: float) -> di
         )  # warm
 
         async def run() -> tuple[Any, list[float]]:
-            samples = [pss_mib(process.pid)]
+            samples = [pss(process.pid) / 2**20]
 
             async def sample() -> None:
                 while True:
                     await asyncio.sleep(6 * minutes)
-                    samples.append(pss_mib(process.pid))
+                    samples.append(pss(process.pid) / 2**20)
 
             sampler = asyncio.create_task(sample())
             result = await closed_loop(http("127.0.0.1", port), requests, 16, 60 * minutes)
             sampler.cancel()
-            samples.append(pss_mib(process.pid))
+            samples.append(pss(process.pid) / 2**20)
             return result, samples
 
         result, samples = asyncio.run(run())

@@ -10,12 +10,9 @@ The negative control: the same server with every input line deliberately kept, p
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sys
-import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +21,7 @@ import httpx
 import pytest
 
 from loadtest.process import running_process
+from loadtest.pss import pss, pss_sampled
 from tests.exports import texts
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -32,36 +30,6 @@ MiB = 2**20
 TIMES_THE_FILE = 4  # at most this many times the input's size, above idle, while it is read
 BACK_WITHIN = 64 * MiB  # above idle, once the batches end
 SAMPLE_S = 0.01
-
-
-def pss(pid: int) -> int:
-    """The process's proportional set size, in bytes."""
-    with open(f"/proc/{pid}/smaps_rollup") as rollup:
-        for line in rollup:
-            if line.startswith("Pss:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no Pss in smaps_rollup")
-
-
-@contextlib.contextmanager
-def peak_pss(pid: int) -> Iterator[list[int]]:
-    """The process's Pss sampled every SAMPLE_S inside the block: [its peak] after it."""
-    peak = [pss(pid)]
-    done = threading.Event()
-
-    def sample() -> None:
-        while not done.wait(SAMPLE_S):
-            with contextlib.suppress(OSError):
-                peak[0] = max(peak[0], pss(pid))
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    try:
-        yield peak
-    finally:
-        done.set()
-        sampler.join()
-        peak[0] = max(peak[0], pss(pid))
 
 
 def request_line(custom_id: str, text: str) -> bytes:
@@ -110,7 +78,7 @@ def wait_for(client: httpx.Client, batch_id: str, done: Any, within_s: float = 3
 def batch_peak(client: httpx.Client, pid: int, idle: int, source: Path) -> Measured:
     """The server's peak Pss above `idle` while `source` is uploaded, validated and ordered,
     and its first lines sent; cancelled then, and waited on until it ends."""
-    with peak_pss(pid) as peak:
+    with pss_sampled(pid, SAMPLE_S) as samples:
         with source.open("rb") as given:
             file = client.post(
                 "/v1/files", files={"file": (source.name, given)}, data={"purpose": "batch"}
@@ -126,7 +94,7 @@ def batch_peak(client: httpx.Client, pid: int, idle: int, source: Path) -> Measu
         time.sleep(0.5)  # (the order read back, the first lines sent)
         client.post(f"/v1/batches/{batch['id']}/cancel")
         wait_for(client, batch["id"], lambda s: s in ("cancelled", "completed"))
-    return Measured(source.name, source.stat().st_size, peak[0] - idle)
+    return Measured(source.name, source.stat().st_size, max(samples) - idle)
 
 
 def measured(
