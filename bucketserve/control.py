@@ -4,8 +4,9 @@ between the edges that ask for it and the core it changes; it builds nothing its
 (`bucketserve.loading.Loader`, handed over by the process) builds a model's versions and
 words every failed load, at start and here alike. Imports the core and the errors only.
 
-A load builds every version the model's config serves beside what is served, then the registry
-switches new requests to it and the engine runs it; the versions it replaced retire once the
+A load builds every version the model's config serves beside what is served (each run at load
+holding its memory in the engine's budget, as a batch does), then the registry switches new
+requests to it and the engine runs it; the versions it replaced retire once the
 requests they took are answered. Nothing changes during a drain: a load or an unload asked for
 then is refused (503, retry on another replica), a load that was building when the drain began
 is dropped, and the poller stops when the drain begins.
@@ -17,10 +18,12 @@ import asyncio
 import contextlib
 import functools
 import logging
+import threading
 from collections import Counter
-from collections.abc import AsyncIterator, Hashable
+from collections.abc import AsyncIterator, Hashable, Iterator
 from typing import Protocol
 
+from bucketserve.core.budget import Hold, MemoryBudget
 from bucketserve.core.engine import Engine
 from bucketserve.core.model import Model
 from bucketserve.core.registry import check_name
@@ -35,9 +38,9 @@ class Loader(Protocol):
     def names(self) -> list[str]:
         """The models the repository folder holds now."""
 
-    def load(self, name: str) -> dict[int, Model]:
+    def load(self, name: str, hold: Hold | None = None) -> dict[int, Model]:
         """Every served version of `name`, built, checked and warm, or LoadFailed saying why
-        (in the words a load at start uses)."""
+        (in the words a load at start uses); each run at load holding its memory by `hold`."""
 
     def folder_digest(self, name: str) -> Hashable:
         """What changes when the model's files do."""
@@ -83,7 +86,8 @@ class Control:
     async def _load(self, loader: Loader, name: str) -> None:
         async with self._exclusive(name):
             try:
-                loaded = await asyncio.to_thread(loader.load, name)
+                hold = functools.partial(_held, self.engine.memory, asyncio.get_running_loop())
+                loaded = await asyncio.to_thread(loader.load, name, hold)
             except LoadFailed as failed:
                 served = self.engine.registry.versions(name)
                 kept = "what was served keeps serving" if served else "not served"
@@ -194,3 +198,16 @@ class Control:
                 del seen[name]
                 with contextlib.suppress(Unavailable):
                     await self.unload(name)
+
+
+@contextlib.contextmanager
+def _held(memory: MemoryBudget, loop: asyncio.AbstractEventLoop, need: int) -> Iterator[None]:
+    """`need` held in the engine's budget (from the load's thread, waiting its turn on the
+    engine's loop as a batch does) while the block runs: a model loaded beside those serving
+    never takes the process past the budget."""
+    owner = threading.current_thread()  # (the load's: its claims apart from the schedulers')
+    held = asyncio.run_coroutine_threadsafe(memory.acquire(need, owner, "load"), loop).result()
+    try:
+        yield
+    finally:
+        loop.call_soon_threadsafe(memory.end, held)

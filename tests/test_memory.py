@@ -16,9 +16,10 @@ import numpy as np
 import pytest
 
 from bucketserve.core.bucketing import BucketKey
+from bucketserve.core.budget import MemoryBudget
 from bucketserve.core.calls import Call, Sequences
 from bucketserve.core.engine import Engine
-from bucketserve.core.memory import Footprint, MemoryBudget, fit_footprint
+from bucketserve.core.memory import Footprint, fit_footprint
 from bucketserve.core.registry import Registry
 from bucketserve.errors import PayloadTooLarge
 from bucketserve.loading.builder import build_model
@@ -229,3 +230,49 @@ def test_the_oldest_waiting_starts_whatever_waits_behind_it() -> None:
     assert budget.may_start(700, "a", "long")
     budget.start(700, "a", "long")
     assert not budget.may_start(600, "b", "long")  # 700 + 600 > 1000
+
+
+async def test_a_model_loaded_beside_those_serving_waits_for_room(tmp_path: Path) -> None:
+    """Model control loads the long encoder while a batch of another model holds 40 of the 48
+    MiB: the load's runs wait for room (claimed, as a batch's would be) until that batch
+    ends, then the load completes; the budget is never passed."""
+    from bucketserve.control import Control
+    from bucketserve.loading.loader import Loader
+    from bucketserve.settings import Settings
+
+    root = tmp_path / "models"
+    folder = root / "long"
+    save_model(
+        encoder(vocab=300, dim=32, heads=4, max_positions=2048, seed=3), folder / "1" / "model.onnx"
+    )
+    config = ENCODER_CONFIG.format(
+        binding="shared-session",
+        mode="bucketing",
+        vocab=300,
+        buckets=[16, 64, 256, 1024, 2048],
+        max_batch_size=8,
+        max_batch_tokens=2048,
+    )
+    (folder / "config.toml").write_text(config)
+    budget = 48 * MIB
+    holding = Footprint(40 * MIB, 0.0, 0.0)  # (every batch of the served model needs 40 MiB)
+    model, executor = fake_model(footprint=holding, budget=budget)
+    executor.gate.clear()
+    memory = MemoryBudget(budget)
+    engine = Engine(Registry({"fake": {1: model}}, "fake"), memory=memory)
+    settings = Settings(models=root, cache_dir=tmp_path / "cache")
+    control = Control(engine, Loader(settings, None, budget))
+    async with engine.running(Metrics()):
+        serving = asyncio.create_task(engine.infer(Call(Sequences([[1, 2, 3]]), "fake")))
+        while memory.used < 40 * MIB:
+            await asyncio.sleep(0.01)
+        loading = asyncio.create_task(control.load("long"))
+        while not memory.waiting:  # (the load's first run that does not fit beside it)
+            assert not loading.done(), loading
+            await asyncio.sleep(0.01)
+        assert not loading.done()
+        executor.gate.set()
+        await asyncio.wait_for(loading, 300)
+        await serving
+        assert engine.model("long").plan.max_length > 256
+    assert memory.peak <= budget

@@ -22,6 +22,7 @@ import onnxruntime as ort
 import pytest
 
 from bucketserve.control import Control, Loader
+from bucketserve.core.budget import Hold
 from bucketserve.core.engine import Engine
 from bucketserve.core.model import Model
 from bucketserve.core.registry import Registry
@@ -304,9 +305,9 @@ class GatedLoader:
     def released(self) -> None:
         self.loader.released()
 
-    def load(self, name: str) -> dict[int, Model]:
+    def load(self, name: str, hold: Hold | None = None) -> dict[int, Model]:
         self.calls += 1
-        loaded = self.loader.load(name)
+        loaded = self.loader.load(name, hold)
         self.built.set()
         assert self.gate.wait(30), "the test never opened the gate"
         return loaded
@@ -415,7 +416,7 @@ class ScriptedLoader:
         self.read.append(self.script[min(len(self.read), len(self.script) - 1)])
         return self.read[-1]
 
-    def load(self, name: str) -> dict[int, Model]:
+    def load(self, name: str, hold: Hold | None = None) -> dict[int, Model]:
         self.loads_after.append(len(self.read))
         return {1: fake_model()[0]}
 

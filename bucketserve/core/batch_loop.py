@@ -22,9 +22,9 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from bucketserve.core.bucketing import BucketKey
+from bucketserve.core.budget import Held, MemoryBudget
 from bucketserve.core.flight import BatchModel, Clock, Flight, Observer
 from bucketserve.core.layout import Outputs
-from bucketserve.core.memory import Held, MemoryBudget
 from bucketserve.core.queues import Pending
 from bucketserve.core.result_cache import Reuse
 from bucketserve.errors import DeadlineExceeded, InferenceFailed

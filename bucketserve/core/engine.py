@@ -37,6 +37,7 @@ from typing import Any, cast
 
 import numpy as np
 
+from bucketserve.core.budget import MemoryBudget
 from bucketserve.core.calls import (
     Answer,
     Call,
@@ -49,7 +50,6 @@ from bucketserve.core.calls import (
 from bucketserve.core.heads import DirectHead, Picked, TextHead, WindowHead, answer_key
 from bucketserve.core.layout import Outputs
 from bucketserve.core.lifecycle import Lifecycle
-from bucketserve.core.memory import MemoryBudget
 from bucketserve.core.model import Model
 from bucketserve.core.registry import Registry
 from bucketserve.core.result_cache import Reuse, exact_inputs, refused_because

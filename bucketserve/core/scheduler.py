@@ -22,10 +22,10 @@ import numpy as np
 
 from bucketserve.core.admission import Admission
 from bucketserve.core.batch_loop import BatchLoop
+from bucketserve.core.budget import MemoryBudget
 from bucketserve.core.flight import BatchModel, Clock, Flight, Observer
 from bucketserve.core.layout import Outputs
 from bucketserve.core.lifecycle import Lifecycle
-from bucketserve.core.memory import MemoryBudget
 from bucketserve.core.queues import DEFAULT_MAX_OVERTAKES, BucketQueues, Finish, Request
 from bucketserve.core.result_cache import Reuse
 from bucketserve.core.shares import Shares

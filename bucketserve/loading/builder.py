@@ -27,6 +27,7 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from bucketserve.core.bucketing import BucketPlan, Invariance, Policy, round_up
+from bucketserve.core.budget import Hold
 from bucketserve.core.layout import InputRole, Layout
 from bucketserve.core.model import Model, ModelInfo, SequenceRules
 from bucketserve.core.task import Task
@@ -100,6 +101,7 @@ def build_model(
     lone_batch_threads: int | None = None,
     fingerprint: str | None = None,
     budget: int | None = None,
+    hold: Hold | None = None,
 ) -> Model:
     """Load `spec`: the file its sessions share, what its batches need in memory, its layout,
     the invariance check and the policy it allows, the executor, then bind and warm the keys
@@ -109,12 +111,13 @@ def build_model(
     runs alone (None: none); `fingerprint`: the spec's, where the caller read it already
     (`loading.fingerprint`); `budget`: the bytes every batch running at once may need
     together (None: not bounded): nothing at load runs a batch that would not fit, and no
-    key holds more rows than fit alone."""
+    key holds more rows than fit alone; `hold`: where each run at load holds its memory in
+    that budget (a model loaded while others serve)."""
     began = time.perf_counter()
     fingerprint = fingerprint or fingerprint_of(spec)  # (the files as given, not a served copy)
     wanted = binding or (spec.config.binding if spec.config.mode == "bucketing" else "mutable")
     cache = cache_dir or default_cache_dir()
-    room = Room(budget, footprint_of(spec, wanted, cache, budget))
+    room = Room(budget, footprint_of(spec, wanted, cache, budget, hold), hold)
     checked, found = _served_copy(spec, wanted, cache, room)
     spec, config, served = checked.spec, checked.spec.config, checked.served
     tokenizer = (
@@ -169,7 +172,8 @@ def build_model(
     model = Model(info, executor, tokenizer, lone)
     every = batching.prepare == "all" and plan.policy is Policy.BUCKETS
     for key in [plan.default_key, *(plan.all_keys() if every else [])]:
-        model.prepare(key)
+        with room.holding(key.rows, key.length):  # (a static session warms the whole key)
+            model.prepare(key)
     calibration = calibrated(model, spec, cache_dir or default_cache_dir())
     if calibration is not None:  # (the embedding's rule, with its ranges: int8 and uint8)
         rules = dict(info.task_rules)
@@ -361,7 +365,8 @@ def _checked(
     # the executor keeps.
     session = create_session(graph, weights=SharedWeights(graph.path) if static else None)
     inputs = input_layout(spec)
-    run = guarded(spec.name, functools.partial(run_all, session), inputs, room.allows(spec))
+    allows = room.allows(spec)
+    run = guarded(spec.name, functools.partial(run_all, session), inputs, allows, room.holding)
     served = layout_of(spec, run, room.longest(spec), room.rows_at(spec))
     began = time.perf_counter()
     tolerance = spec.config.batching.tolerance
@@ -372,7 +377,7 @@ def _checked(
     invariance, failures = measure(
         spec.name,
         run,
-        guarded_batches(spec.name, together, room.allows(spec)),
+        guarded_batches(spec.name, together, allows, room.holding),
         served.layout,
         served.rules,
         room.edges(spec),

@@ -38,9 +38,11 @@ runs alone gets): its batches against the first session's runs of each sequence 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import numpy as np
@@ -123,11 +125,16 @@ class OutsideServing(Exception):
 
 
 Allows = Callable[[int, int], bool]  # (rows, length) -> whether serving may run it
+# (rows, length) -> a block during which the run's memory is held in the budget
+Holding = Callable[[int, int], AbstractContextManager[None]]
 
 
-def guarded(name: str, run: Run, inputs: Layout, allows: Allows) -> Run:
+def guarded(
+    name: str, run: Run, inputs: Layout, allows: Allows, holding: Holding | None = None
+) -> Run:
     """`run`, every shape it is asked logged (at debug: "load runs R x T") and refused when
-    serving would not run it."""
+    serving would not run it; `holding`: each run's memory held in the budget meanwhile (a
+    model loaded beside those serving)."""
     tensor = inputs.sequence.tensor
 
     def checked(feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -135,19 +142,27 @@ def guarded(name: str, run: Run, inputs: Layout, allows: Allows) -> Run:
         rows = 1 if tensor.batch_axis is None else shape[tensor.batch_axis]
         length = 1 if tensor.time_axis is None else shape[tensor.time_axis]
         _allowed(name, allows, rows, length)
-        return run(feeds)
+        with (holding or _nothing_held)(rows, length):
+            return run(feeds)
 
     return checked
 
 
-def guarded_batches(name: str, together: BatchRun, allows: Allows) -> BatchRun:
+def guarded_batches(
+    name: str, together: BatchRun, allows: Allows, holding: Holding | None = None
+) -> BatchRun:
     """`together`, as `guarded`."""
 
     def checked(feeds: Mapping[str, np.ndarray], rows: int, length: int) -> dict[str, np.ndarray]:
         _allowed(name, allows, rows, length)
-        return together(feeds, rows, length)
+        with (holding or _nothing_held)(rows, length):
+            return together(feeds, rows, length)
 
     return checked
+
+
+def _nothing_held(rows: int, length: int) -> AbstractContextManager[None]:
+    return contextlib.nullcontext()
 
 
 def _allowed(name: str, allows: Allows, rows: int, length: int) -> None:

@@ -16,6 +16,7 @@ and runs only the points its budget allows that were not measured.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from collections.abc import Callable, Mapping
@@ -23,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bucketserve.core.budget import Hold
 from bucketserve.core.layout import Layout
 from bucketserve.core.memory import Footprint, fit_footprint
 from bucketserve.core.model import SequenceRules
@@ -59,9 +61,12 @@ def measure_footprint(
     budget: int | None,
     cache: Path | None = None,
     batched: bool = True,
+    hold: Hold | None = None,
 ) -> Footprint | None:
     """The model's footprint up to `rules.max_length`, within `budget` (None: every point);
-    `batched` False: a model whose batch is fixed at one is measured on one sequence only.
+    `batched` False: a model whose batch is fixed at one is measured on one sequence only;
+    `hold`: where each point holds what it may need (a load beside serving: the most the
+    curve so far allows a point, twice what it says, or the budget's share).
     None where no point runs (a model that runs on none of these lengths is measured by
     nothing here; the probe will say why)."""
     kept = _read(cache)
@@ -71,15 +76,18 @@ def measure_footprint(
     def measured(rows: int, length: int) -> int | None:
         if (rows, length) in points:
             return points[(rows, length)]
+        held = 0
         if budget is not None and len(points) >= 2:
-            allowed = _fitted(points).need(rows, length) <= budget * SHARE
-            if not allowed:
+            predicted = _fitted(points).need(rows, length)
+            if predicted > budget * SHARE:
                 return None
+            held = int(min(budget * SHARE, 2 * predicted))
         sequences = random_sequences(rules, [length] * rows, seed=length + rows)
         log.debug("model %s: load runs %d x %d (its footprint)", name, rows, length)
         try:
             feeds = inputs.collate(sequences, rows, length)
-            _, peak = peak_of(lambda: run(feeds))
+            with hold(held) if hold is not None and held else contextlib.nullcontext():
+                _, peak = peak_of(lambda: run(feeds))
         except Exception as exc:  # ONNX Runtime's own types: a length it does not run
             log.debug("model %s: the footprint's %d x %d did not run: %s", name, rows, length, exc)
             return None

@@ -42,7 +42,7 @@ from typing import Any
 
 import onnx
 
-from bucketserve.core.memory import MemoryBudget
+from bucketserve.core.budget import MemoryBudget
 from bucketserve.core.model import Model
 from bucketserve.errors import ConfigError
 from bucketserve.loading import room

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from bucketserve.core.budget import Hold, MemoryBudget
 from bucketserve.core.engine import Engine
-from bucketserve.core.memory import MemoryBudget
 from bucketserve.core.model import Model
 from bucketserve.core.registry import Registry
 from bucketserve.errors import ConfigError, LoadFailed, ModelNotFound
@@ -72,10 +72,11 @@ class Loader:
             return [self.settings.model_name or self.root.resolve().name]
         return [folder.name for folder in model_folders(self.root)]
 
-    def load(self, name: str) -> dict[int, Model]:
+    def load(self, name: str, hold: Hold | None = None) -> dict[int, Model]:
         """Every served version of `name`, built, checked and warm; LoadFailed says why not,
         with paths from the repository (a client reads it); ModelNotFound (404) for a name
-        the repository does not hold."""
+        the repository does not hold. `hold`: where each run at load holds its memory in the
+        engine's budget (the models served meanwhile share it)."""
         if name not in self.names():  # (one of its folders: never a path a client made)
             raise ModelNotFound(f"no model {name!r} in the repository")
         try:
@@ -83,14 +84,14 @@ class Loader:
             specs = load_model_specs(folder, name)
             if not specs:
                 raise ConfigError(f"{folder}: model {name} is not built")
-            return self.build_all(specs)
+            return self.build_all(specs, hold)
         except Exception as exc:  # a ConfigError, or ONNX Runtime refusing the graph
             raise LoadFailed(for_clients(load_failure(name, exc), self.root)) from None
 
-    def build_all(self, specs: list[ModelSpec]) -> dict[int, Model]:
-        return {spec.version: self.build(spec) for spec in specs}
+    def build_all(self, specs: list[ModelSpec], hold: Hold | None = None) -> dict[int, Model]:
+        return {spec.version: self.build(spec, hold) for spec in specs}
 
-    def build(self, spec: ModelSpec) -> Model:
+    def build(self, spec: ModelSpec, hold: Hold | None = None) -> Model:
         """One version, or ConfigError naming its file and why: anything but a ConfigError
         is ONNX Runtime refusing the graph (or a bug), whose traceback goes to the log. Its
         content is held to the repository's lock first (`hold_to_lock`)."""
@@ -104,6 +105,7 @@ class Loader:
                 self.lone,
                 fingerprint,
                 self.budget,
+                hold,
             )
         except ConfigError:
             raise

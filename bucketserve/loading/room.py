@@ -9,16 +9,19 @@ is large runs without it, so that what a run takes is given back when it ends.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bucketserve.core.bucketing import BucketPlan
-from bucketserve.core.memory import Footprint, MemoryBudget
+from bucketserve.core.budget import Hold, MemoryBudget
+from bucketserve.core.memory import Footprint
 from bucketserve.errors import ConfigError
 from bucketserve.loading.footprint import FOOTPRINT_FILE, measure_footprint
 from bucketserve.loading.layouts import input_layout, sequence_rules
@@ -39,7 +42,7 @@ ARENA_PART = 1 / 8  # (nor more than this part of the budget)
 
 
 def footprint_of(
-    spec: ModelSpec, binding: str, cache_dir: Path, budget: int | None
+    spec: ModelSpec, binding: str, cache_dir: Path, budget: int | None, hold: Hold | None = None
 ) -> Footprint | None:
     """What a batch of `spec` needs in memory, measured on a session of its own, its points
     kept beside the server's copy of the graph (named by its content: the same graph,
@@ -58,16 +61,19 @@ def footprint_of(
         budget,
         graph.path.parent / FOOTPRINT_FILE,
         batched=not spec.axes.batch_fixed,
+        hold=hold,
     )
 
 
 @dataclass(frozen=True)
 class Room:
     """`budget`: the bytes every batch running at once may need together (None: no bound);
-    `footprint`: what one batch of the model needs (None: not measured)."""
+    `footprint`: what one batch of the model needs (None: not measured); `hold`: where
+    each run at load holds what it needs (None: the load has the process to itself)."""
 
     budget: int | None
     footprint: Footprint | None
+    hold: Hold | None = None  # what holds a load-time run's memory (a load beside serving)
 
     def longest(self, spec: ModelSpec) -> int:
         """The longest bucket, or the longest length whose batch of one fits the budget
@@ -107,6 +113,13 @@ class Room:
         """Whether serving may run a batch of (rows, length): what load time may run."""
         longest, rows_at = self.longest(spec), self.rows_at(spec)
         return lambda rows, length: length <= longest and rows <= rows_at(length)
+
+    def holding(self, rows: int, length: int) -> AbstractContextManager[None]:
+        """A block during which a load-time run of (rows, length) holds its memory in the
+        budget (nothing held where the load has the process to itself)."""
+        if self.hold is None or self.footprint is None:
+            return contextlib.nullcontext()
+        return self.hold(self.footprint.need(rows, length))
 
     def arena(self, spec: ModelSpec) -> bool:
         """Whether the model's sessions draw on the process's arena: unless its largest
