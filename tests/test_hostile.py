@@ -20,8 +20,8 @@ import numpy as np
 import psutil
 import pytest
 
-from loadtest.bench import pss_bytes
 from loadtest.process import free_port
+from loadtest.pss import pss
 from tests.helpers import copy_bundled, error_of, server_process
 
 pytestmark = pytest.mark.slow  # the full tier: real server processes
@@ -155,7 +155,7 @@ def test_a_costly_body_is_refused_within_bounds(
     body."""
     url, _, _, _ = served
     process = next(p for p in psutil.Process().children(recursive=True) if "serve" in p.cmdline())
-    before = pss_bytes(process.pid)
+    before = pss(process.pid)
     with httpx.Client(base_url=url, timeout=60) as client, ThreadPoolExecutor(2) as pool:
         refused = pool.submit(client.post, path, json=body)
         health = pool.submit(client.get, "/v2/health/live")
@@ -165,5 +165,5 @@ def test_a_costly_body_is_refused_within_bounds(
     assert code in ("malformed", "invalid_input")
     counted = ("lists, more than", "values, more than")  # refused by a count, before parsing
     assert any(says in message for says in (*counted, "nest", "input[0]"))
-    grown = pss_bytes(process.pid) - before
+    grown = pss(process.pid) - before
     assert grown < 64 * 2**20, f"Pss grew {grown / 2**20:.0f} MiB"

@@ -546,8 +546,8 @@ def test_pss_after_unloading_returns_to_before_loading(tmp_path: Path) -> None:
     again (each read after a few requests, the heap trimmed by the release): the last within
     8 MiB of the first, while loading it added most of its weights."""
     grpcclient = pytest.importorskip("tritonclient.grpc")
-    from loadtest.bench import pss_bytes
     from loadtest.process import free_port
+    from loadtest.pss import pss
     from tests.helpers import copy_bundled, server_process
 
     models = tmp_path / "models"
@@ -566,7 +566,7 @@ def test_pss_after_unloading_returns_to_before_loading(tmp_path: Path) -> None:
             for _ in range(3):  # a few requests to the model that stays, then read
                 httpx.post(f"{url}/predict", json={"model": "tiny-encoder", "sequences": [[5, 6]]})
             time.sleep(0.5)
-            return pss_bytes(process.pid)
+            return pss(process.pid)
 
         control.unload_model("big")
         before = settled_pss()
