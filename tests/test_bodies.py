@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 from bucketserve.edges import kserve
 from bucketserve.edges.http import common
+from bucketserve.edges.http.apis.openai import check_input, read_embeddings
 from bucketserve.edges.http.common import outside_strings, parse_json
-from bucketserve.edges.http.openai_api import check_input, read_embeddings
 from bucketserve.edges.limits import Limits
 from bucketserve.errors import MalformedRequest
 from tests.engines import make_engine, serving

@@ -107,7 +107,7 @@ async def test_a_large_body_is_decoded_off_the_event_loop(
     monkeypatch: pytest.MonkeyPatch, padding: int, off_loop: bool
 ) -> None:
     """8 MB of JSON takes ~150 ms to parse: on the event loop it would stall everyone else."""
-    from bucketserve.edges.http import predict
+    from bucketserve.edges.http.apis import predict
 
     threads: list[threading.Thread] = []
     read = predict.read_predict

@@ -59,7 +59,7 @@ PLANTS = {
     ),
     "core-inner": ("bucketserve/core/model.py", "from bucketserve.core import scheduler"),
     "edge-past-the-call": (
-        "bucketserve/edges/http/predict.py",
+        "bucketserve/edges/http/apis/predict.py",
         "from bucketserve.core.scheduler import Scheduler",
     ),
     "external": ("bucketserve/core/layout.py", "import onnxruntime"),
@@ -67,7 +67,7 @@ PLANTS = {
     "builders": ("bucketserve/loading/builder.py", "import modelgen.graphs"),
     "module-in-no-layer": ("bucketserve/shortcut.py", ""),
     "edge-loads-a-model": (
-        "bucketserve/edges/http/predict.py",
+        "bucketserve/edges/http/apis/predict.py",
         "from bucketserve.loading import load_engine",
     ),
     "control-builds": ("bucketserve/control.py", "import bucketserve.runtime.sessions"),
@@ -106,6 +106,15 @@ PLANTS = {
         "from bucketserve.loading.builder import build_model",
     ),
     "a-task-runs-tokenizers": ("bucketserve/core/tasks/embedding.py", "import tokenizers"),
+    # the table of dialects: a vendor's API imports no other's, and only the table imports it
+    "api-over-another-api": (
+        "bucketserve/edges/http/apis/cohere.py",
+        "from bucketserve.edges.http.apis import tei",
+    ),
+    "api-past-the-table": (
+        "bucketserve/edges/http/app.py",
+        "from bucketserve.edges.http.apis import openai",
+    ),
 }
 
 

@@ -1,9 +1,9 @@
-"""The FastAPI application factory: wiring only. The routes live beside it (`predict`,
-`kserve_routes`, `openai_api`, `tasks`, `tei_api`, `cohere_api`, `batch_api`,
-`contract`), and so do the middleware
-(`context`, and `guard` when the server has an API key); errors are answered here, as
-`edges.failures` rules for both protocols, in the form of the route they came in on
-(`dialects.error_body`).
+"""The FastAPI application factory: wiring only. The routes live beside it: the vendors' APIs
+in the table of dialects (`routes`, each path registered once from its rows), KServe v2's
+(`kserve_routes`), the Batch API's (`batch_api`) and the document (`contract`); and so do
+the middleware (`context`, and `guard` when the server has an API key); errors are answered
+here, as `edges.failures` rules for both protocols, in the form of the route they came in on
+(`routes.form_of`).
 
 `create_app(engine, control, metrics, keys)`: the app serves what the process (or a test)
 built and runs; it loads nothing and starts nothing. Imports the routes beside it, the core's
@@ -23,17 +23,7 @@ from bucketserve.control import Control
 from bucketserve.core.engine import Engine
 from bucketserve.edges.auth import ApiKeys
 from bucketserve.edges.failures import CLIENT_CLOSED, Failures
-from bucketserve.edges.http import (
-    batch_api,
-    cohere_api,
-    contract,
-    kserve_routes,
-    openai_api,
-    pooling_api,
-    shapes,
-    tasks,
-    tei_api,
-)
+from bucketserve.edges.http import batch_api, contract, kserve_routes, routes, table
 from bucketserve.edges.http.common import (
     REFUSED,
     ClientGone,
@@ -41,7 +31,6 @@ from bucketserve.edges.http.common import (
     json_response,
 )
 from bucketserve.edges.http.context import RequestContext
-from bucketserve.edges.http.dialects import error_body
 from bucketserve.edges.http.guard import RequireKey
 from bucketserve.edges.http.inprocess import Endpoint, InProcess
 from bucketserve.edges.limits import Limits
@@ -99,22 +88,16 @@ def create_app(
     app.state.keys = keys
     app.state.limits = limits
     app.state.jobs = jobs
-    routers = [
-        kserve_routes.router,
-        openai_api.router,
-        pooling_api.router,
-        tasks.router,
-        tei_api.router,
-        cohere_api.router,
-        shapes.router,
-        batch_api.router,
-    ]
+    dialects = APIRouter()  # (the vendors' APIs, each path once, from the table's rows)
+    table.register(dialects, routes.ROWS)
+    routers = [kserve_routes.router, dialects, batch_api.router]
     for router in routers:
         app.include_router(router)
     registry = engine.registry
     versions = [str(model.info.version) for model in registry.models.values()]
     names = [*registry.models, *registry.failed, *registry.aliases]
-    contract.describe_server(app, names, versions, limits.max_sequences)
+    exact = table.exact_names(routes.ROWS)
+    contract.describe_server(app, names, versions, limits.max_sequences, exact)
     if settings.docs:
         contract.serve_docs(app, keys.required)
 
@@ -133,7 +116,7 @@ def create_app(
 
     def settled(request: Request, raised: BaseException) -> Response:
         where = f"{request.method} {request.url.path}"
-        return error_response(failures.settle(raised, where), request.url.path)
+        return error_response(failures.settle(raised, where), routes.form_of(request.url.path))
 
     @app.exception_handler(BucketserveError)
     async def on_error(request: Request, exc: BucketserveError) -> Response:
@@ -162,7 +145,7 @@ def create_app(
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         error = RoutingError(exc.status_code, code, str(exc.detail))
         return json_response(
-            error_body(error, request.url.path),
+            routes.error_body(error, request.url.path),
             exc.status_code,
             dict(exc.headers or {}),  # 405's Allow
         )

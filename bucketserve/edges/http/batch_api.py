@@ -17,10 +17,10 @@ from fastapi.responses import FileResponse
 from pydantic import Field, StrictStr
 from starlette.datastructures import UploadFile
 
+from bucketserve.edges.http.codec import post
 from bucketserve.edges.http.common import json_response, read_json, request_tenant
-from bucketserve.edges.http.dialects import Dialect, errors
+from bucketserve.edges.http.dialects import HOSTED, errors
 from bucketserve.edges.http.schemas import Strict, validate
-from bucketserve.edges.http.task_call import post
 from bucketserve.edges.limits import Budget
 from bucketserve.errors import (
     InsufficientStorage,
@@ -57,7 +57,7 @@ UPLOAD = {
         "purpose": {"type": "string", "enum": ["batch"]},
     },
 }
-READ = errors(Dialect.HOSTED, 404, 422, 503)  # (503: bulk jobs off, or their folder held)
+READ = errors(HOSTED, 404, 422, 503)  # (503: bulk jobs off, or their folder held)
 BINARY = {
     "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}
 }
@@ -66,7 +66,7 @@ BINARY = {
 @router.post(
     "/v1/files",
     summary="Upload a file (a batch's input: JSONL, purpose batch)",
-    responses=errors(Dialect.HOSTED, 400, 413, 422, 429, 503, 507),
+    responses=errors(HOSTED, 400, 413, 422, 429, 503, 507),
     openapi_extra={
         "requestBody": {"required": True, "content": {"multipart/form-data": {"schema": UPLOAD}}}
     },
@@ -170,7 +170,7 @@ class BatchBody(Strict):
     )
 
 
-@post(router, "/v1/batches", BatchBody, "Run a file of requests as a batch", CREATE)
+@post(router, "/v1/batches", HOSTED, BatchBody, "Run a file of requests as a batch", CREATE)
 async def create(request: Request) -> Response:
     jobs = jobs_of(request)
     body: BatchBody = validate(

@@ -1,4 +1,4 @@
-"""What the text routes' bodies share (`tasks`, `tei_api`, `cohere_api`): a text, the
+"""What the text routes' bodies share (`apis.tasks`, `apis.tei`, `apis.cohere`): a text, the
 options of cutting and prompting it, texts as the core's inputs, and answers ranked by score.
 """
 

@@ -1,11 +1,12 @@
 """What every route shares: reading a bounded body of an accepted type, JSON in and out, large
 bodies decoded off the event loop, the request's own deadline header, its id, its priority
-and tenant (`call_of`: the call every route hands the engine), disconnects."""
+and tenant (`completed`: the call a body asks for, made the request's), disconnects."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import threading
 from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -17,11 +18,11 @@ from fastapi import Request, Response
 from starlette.requests import ClientDisconnect
 
 from bucketserve.control import Control
-from bucketserve.core.calls import OFF_LOOP_BYTES, Answer, Call, Inputs
+from bucketserve.core.calls import OFF_LOOP_BYTES, Answer, Call
 from bucketserve.core.engine import Engine
 from bucketserve.edges.auth import ApiKeys
 from bucketserve.edges.http.context import BULK, NOTES
-from bucketserve.edges.http.dialects import error_body
+from bucketserve.edges.http.dialects import Form
 from bucketserve.edges.kserve import level_of
 from bucketserve.edges.limits import Budget, Limits
 from bucketserve.errors import (
@@ -243,11 +244,11 @@ def json_response(
     return Response(body, status, headers, media_type="application/json")
 
 
-def error_response(error: BucketserveError, path: str) -> Response:
-    """An error answered in the form of the route it came in on (`error_body`), with
+def error_response(error: BucketserveError, form: Form) -> Response:
+    """An error answered in the form of the route it came in on (`routes.form_of`), with
     Retry-After when the client should retry."""
     headers = {"Retry-After": str(error.retry_after_s)} if isinstance(error, Unavailable) else None
-    return json_response(error_body(error, path), error.status, headers)
+    return json_response(form.body(error), error.status, headers)
 
 
 def request_priority(request: Request, given: int | None = None) -> int | None:
@@ -277,20 +278,19 @@ def request_tenant(request: Request) -> str:
     return keys.tenant(request.headers.getlist("authorization"), named)
 
 
-def call_of(request: Request, inputs: Inputs, model: str | None, **given: Any) -> Call:
-    """The call a route hands the engine: `inputs` for `model`, with `given` fields, and
-    the request's deadline, id, priority (a body's `priority` given, else its header's)
-    and tenant."""
-    priority = request_priority(request, given.pop("priority", None))
-    return Call(
-        inputs,
-        model,
+def completed(request: Request, call: Call, stand_in: bool) -> Call:
+    """The call a body asks for (`call`: its inputs, model, head, outputs and priority), as
+    the route hands it to the engine: with the request's deadline, id, priority (the body's,
+    else its header's) and tenant; `stand_in`: whether the route's servers ignore names."""
+    priority = request_priority(request, call.priority)
+    return dataclasses.replace(
+        call,
         timeout_ms=request_timeout_ms(request),
         request_id=request_id(request),
         priority=priority,
         tenant=request_tenant(request),
         bulk=bulk_job(request) is not None,
-        **given,
+        stand_in=stand_in,
     )
 
 

@@ -49,7 +49,7 @@ import orjson
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from bucketserve.edges.http.common import REFUSED
-from bucketserve.edges.http.dialects import error_body
+from bucketserve.edges.http.routes import error_body
 from bucketserve.errors import (
     BucketserveError,
     HeadersTooLarge,

@@ -9,14 +9,13 @@ setting because a production server has no use for it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from importlib import resources
 from typing import Any
 
 from fastapi import FastAPI, HTTPException, Response
 from fastapi.responses import HTMLResponse
 
-from bucketserve.edges.http.dialects import names_are_hints
 from bucketserve.errors import ConfigError
 
 ASSETS = ("swagger-ui-bundle.js", "swagger-ui.css")
@@ -67,12 +66,17 @@ if (KEY_REQUIRED) {
 
 
 def describe_server(
-    app: FastAPI, names: Iterable[str], versions: Iterable[str], max_sequences: int
+    app: FastAPI,
+    names: Iterable[str],
+    versions: Iterable[str],
+    max_sequences: int,
+    exact: Mapping[str, tuple[bool, ...]],
 ) -> None:
     """The document as this server takes requests: model names (the `{name}` path parameter,
     a body's `model` where names are not hints: an alias too) and `{version}`s are the
-    repository's, and /predict takes at most `max_sequences` items. Where a path's servers
-    ignore names (`names_are_hints`), a body's `model` is any name."""
+    repository's, and /predict takes at most `max_sequences` items. `exact`: each POST path's
+    documented bodies, whether each takes only the names served (`table.exact_names`; where
+    a name is a hint, a body's `model` is any name)."""
     known = {"name": sorted(set(names)), "version": sorted(set(versions))}
     models = {"type": "string", "enum": known["name"]}
     document = app.openapi
@@ -87,15 +91,18 @@ def describe_server(
                         if values:
                             param["schema"] = {"type": "string", "enum": values}
             for path, item in schema["paths"].items():
-                body = item.get("post", {}).get("requestBody", {}).get("content", {})
-                for form in _forms(body.get("application/json", {}).get("schema", {})):
-                    fields = form.get("properties", {})
-                    own = "sequences" in fields or "text" in fields  # (/predict's own)
-                    if "model" in fields and (own or not names_are_hints(path)):
-                        fields["model"] = _named(fields["model"], models)
-                    for field in ("sequences", "text"):
-                        if own and field in fields:
-                            fields[field]["maxItems"] = max_sequences
+                if path not in exact:  # (no body of the table's: no model named)
+                    continue
+                body = item["post"]["requestBody"]["content"]["application/json"]["schema"]
+                bodies = body["anyOf"] if len(exact[path]) > 1 else [body]
+                for each, exact_names in zip(bodies, exact[path], strict=True):
+                    for form in _forms(each):
+                        fields = form.get("properties", {})
+                        if "model" in fields and exact_names:
+                            fields["model"] = _named(fields["model"], models)
+                        for field in ("sequences", "text"):  # (/predict's own)
+                            if field in fields:
+                                fields[field]["maxItems"] = max_sequences
             app.openapi_schema = schema
         return app.openapi_schema
 

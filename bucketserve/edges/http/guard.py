@@ -9,7 +9,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from bucketserve.edges.auth import ApiKeys
 from bucketserve.edges.failures import Failures
 from bucketserve.edges.http.common import json_response
-from bucketserve.edges.http.dialects import error_body
+from bucketserve.edges.http.routes import error_body
 from bucketserve.errors import Unauthorized
 
 

@@ -21,6 +21,7 @@ from starlette.types import ASGIApp, Message
 
 from bucketserve.edges.http.common import FINGERPRINT, error_response
 from bucketserve.edges.http.context import BULK, NOTES
+from bucketserve.edges.http.routes import form_of
 from bucketserve.errors import BucketserveError
 from bucketserve.jobs.runner import Reply
 
@@ -69,6 +70,6 @@ class InProcess:
         try:
             response = await self.endpoints[path](Request(scope, receive))
         except Exception as exc:  # (answered as the application answers it)
-            response = error_response(self.settle(exc, f"POST {path}"), path)
+            response = error_response(self.settle(exc, f"POST {path}"), form_of(path))
         fingerprint = state.get(NOTES, {}).get(FINGERPRINT)
         return Reply(response.status_code, bytes(response.body), fingerprint)

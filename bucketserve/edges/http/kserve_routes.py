@@ -36,7 +36,7 @@ from bucketserve.edges.http.common import (
     request_timeout_ms,
     unless_client_leaves,
 )
-from bucketserve.edges.http.dialects import Dialect, errors
+from bucketserve.edges.http.dialects import OWN, errors
 from bucketserve.edges.http.kserve_body import decode_request, encode_response, header_length
 from bucketserve.edges.http.schemas import (
     IndexEntry,
@@ -140,7 +140,7 @@ async def server_metadata(request: Request) -> Response:
     "",
     summary="Model metadata",
     response_model=ModelMetadata,
-    responses=errors(Dialect.BARE, 404, 422, 503),
+    responses=errors(OWN, 404, 422, 503),
 )
 async def model_metadata(request: Request, name: str, version: str | None) -> Response:
     model = _model(request, name, version)
@@ -152,7 +152,7 @@ async def model_metadata(request: Request, name: str, version: str | None) -> Re
     "/config",
     summary="Model configuration, as served",
     response_model=dict[str, Any],
-    responses=errors(Dialect.BARE, 404, 422),
+    responses=errors(OWN, 404, 422),
 )
 async def model_config(request: Request, name: str, version: str | None) -> Response:
     """The model's config.toml with fitted edges, overrides and what load found applied (load
@@ -182,7 +182,7 @@ async def model_config(request: Request, name: str, version: str | None) -> Resp
     summary="Model readiness",
     response_model=ModelReady,
     responses={
-        **errors(Dialect.BARE, 404, 422),
+        **errors(OWN, 404, 422),
         503: {"model": ModelReady, "description": "draining, or it did not load (with why)"},
     },
 )
@@ -210,7 +210,7 @@ async def repository_index(request: Request) -> Response:
     "/repository/models/{name}/load",
     summary="Load a model, or replace it, while serving (--model-control explicit or poll)",
     response_model=dict[str, Any],
-    responses=errors(Dialect.BARE, 400, 403, 413, 415),
+    responses=errors(OWN, 400, 403, 413, 415),
 )
 async def repository_load(request: Request, name: str) -> Response:
     """Every version the model's config serves, built and checked beside what is served,
@@ -225,7 +225,7 @@ async def repository_load(request: Request, name: str) -> Response:
     "/repository/models/{name}/unload",
     summary="Unload a model while serving (--model-control explicit or poll)",
     response_model=dict[str, Any],
-    responses=errors(Dialect.BARE, 400, 403, 413, 415),
+    responses=errors(OWN, 400, 403, 413, 415),
 )
 async def repository_unload(request: Request, name: str) -> Response:
     await _parameters(request, allowed=UNLOAD_PARAMETERS)
@@ -275,7 +275,7 @@ INFER_CONTRACT = {
     response_model=InferResponse,
     responses={
         200: {"content": {BINARY: BINARY_BODY}, "description": "outputs (JSON, or binary)"},
-        **errors(Dialect.BARE, 400, 404, 413, 415, 422, 503, 504),
+        **errors(OWN, 400, 404, 413, 415, 422, 503, 504),
     },
     openapi_extra=INFER_CONTRACT,
 )

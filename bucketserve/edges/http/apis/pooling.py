@@ -4,11 +4,11 @@
   against `documents`), one against many or pairwise: a cross-encoder's relevance by the
   `Rerank` head, or an embedding model's cosine similarity by the `Embed` head, as vLLM
   scores with either kind of model.
-- `POST /classify` with `input` (`shapes` tells it from ours, which has `inputs`): vLLM's
-  (`{data: [{index, label, probs, num_classes}]}`), or Infinity's when the body has its
+- `POST /classify` with `input` (the table, `routes`, tells it from ours, which has `inputs`):
+  vLLM's (`{data: [{index, label, probs, num_classes}]}`), or Infinity's when the body has its
   `raw_scores` (`{data: [[{score, label}]]}`, best first), as infinity_client sends it.
 
-A body becomes the core's one call, as every route's.
+A body becomes the core's one call, as every route's (their codecs; the table serves them).
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import time
 from typing import Annotated, Any
 
 import numpy as np
-from fastapi import APIRouter, Request, Response
+from fastapi import Request
 from pydantic import Field, StrictBool
 
-from bucketserve.core.calls import Answer, TextPairs, Texts
+from bucketserve.core.calls import Answer, Call, TextPairs, Texts
 from bucketserve.core.model import Model
 from bucketserve.core.task import Task
 from bucketserve.core.tasks.classifier import RELEVANCE, SCORES, Classify, Rerank, classifier_rule
@@ -33,12 +33,12 @@ from bucketserve.edges.http.bodies import (
     refuse_prompt_for_pairs,
     window_of,
 )
-from bucketserve.edges.http.common import engine_of, json_response, request_id
+from bucketserve.edges.http.codec import Codec, reading
+from bucketserve.edges.http.common import engine_of, request_id
 from bucketserve.edges.http.schemas import Text
-from bucketserve.edges.http.task_call import body_of, post, run
 from bucketserve.errors import InvalidInput, TaskNotServed
 
-router = APIRouter(tags=["vLLM and Infinity"])
+TAG = "vLLM and Infinity"
 
 OneOrMany = Text | Annotated[list[Text], Field(min_length=1)]
 
@@ -88,28 +88,41 @@ class InputBody(TextOptions):
         return bool(self.raw_scores) or self.use_activation is False
 
 
-@post(router, "/score", ScoreBody, "Scores of text pairs, as vLLM's /score answers them")
-async def score(request: Request) -> Response:
+def score_call(request: Request, body: ScoreBody) -> Call:
     """vLLM's score: a cross-encoder's relevance of each pair, or an embedding model's
     cosine similarity."""
-    body: ScoreBody = await body_of(request, ScoreBody)
     pairs = body.pairs()
     model = scorer(request, body.model)
-    if Task.RERANK.value in model.info.tasks:
+    if reranks(model):
         refuse_prompt_for_pairs(body.prompt_name)
         scored = TextPairs(pairs, body.truncation, body.long_inputs)
-        answer = await run(request, scored, model.name, Rerank())
+        return Call(scored, model.name, head=Rerank())
+    texts = distinct(pairs)  # (each distinct text embedded once, in one call)
+    embedded = Texts(texts, body.truncation, body.prompt_name, long_inputs=body.long_inputs)
+    return Call(embedded, model.name, head=Embed(normalize=True))
+
+
+def score_json(request: Request, body: ScoreBody, answer: Answer) -> Any:
+    pairs = body.pairs()
+    if reranks(answer.model):
         scores = [float(out[RELEVANCE]) for out in answer.outputs]
         windows = [window_of(out) for out in answer.outputs]
-    else:  # (each distinct text embedded once, in one call)
-        texts = list(dict.fromkeys(text for pair in pairs for text in pair))
-        embedded = Texts(texts, body.truncation, body.prompt_name, long_inputs=body.long_inputs)
-        answer = await run(request, embedded, model.name, Embed(normalize=True))
-        vectors = dict(zip(texts, (out[EMBEDDING] for out in answer.outputs), strict=True))
+    else:
+        embedded = (out[EMBEDDING] for out in answer.outputs)
+        vectors = dict(zip(distinct(pairs), embedded, strict=True))
         scores = [float(np.dot(vectors[a], vectors[b])) for a, b in pairs]
         windows = [{} for _ in pairs]
     data = [{"index": i, "object": "score", "score": s} | windows[i] for i, s in enumerate(scores)]
-    return json_response(listed(request, answer, data))
+    return listed(request, answer, data)
+
+
+def reranks(model: Model) -> bool:
+    """Whether `model` scores a pair as a cross-encoder (else: the cosine of its vectors)."""
+    return Task.RERANK.value in model.info.tasks
+
+
+def distinct(pairs: list[tuple[str, str]]) -> list[str]:
+    return list(dict.fromkeys(text for pair in pairs for text in pair))
 
 
 def scorer(request: Request, name: str | None) -> Model:
@@ -129,23 +142,29 @@ def scorer(request: Request, name: str | None) -> Model:
     return model
 
 
-async def classify(request: Request) -> Response:
+def classify_call(request: Request, body: InputBody) -> Call:
     """vLLM's classify, or Infinity's (its body has `raw_scores`)."""
-    body: InputBody = await body_of(request, InputBody)
     texts = Texts(as_list(body.input), body.truncation, body.prompt_name)
-    answer = await run(request, texts, body.model, Classify(body.raw))
+    return Call(texts, body.model, head=Classify(body.raw))
+
+
+def classify_json(request: Request, body: InputBody, answer: Answer) -> Any:
+    """vLLM's answer."""
     labels = classifier_rule(answer.model).labels
     scored = [out[SCORES] for out in answer.outputs]
-    if body.raw_scores is not None:  # Infinity's
-        data: Any = [
-            [{"score": float(s[i]), "label": labels[i]} for i in ranked(s, None)] for s in scored
-        ]
-        return json_response(listed(request, answer, data) | {"object": "classify"})
     data = [
         {"index": n, "label": labels[int(np.argmax(s))], "probs": s, "num_classes": len(labels)}
         for n, s in enumerate(scored)
     ]
-    return json_response(listed(request, answer, data))
+    return listed(request, answer, data)
+
+
+def infinity_classify_json(request: Request, body: InputBody, answer: Answer) -> Any:
+    """Infinity's answer: each text's labels, best first."""
+    labels = classifier_rule(answer.model).labels
+    scored = [out[SCORES] for out in answer.outputs]
+    data = [[{"score": float(s[i]), "label": labels[i]} for i in ranked(s, None)] for s in scored]
+    return listed(request, answer, data) | {"object": "classify"}
 
 
 def listed(request: Request, answer: Answer, data: Any) -> dict[str, Any]:
@@ -161,4 +180,13 @@ def listed(request: Request, answer: Answer, data: Any) -> dict[str, Any]:
     }
 
 
-post(router, "/v1/score", ScoreBody, "As /score")(score)
+SCORE = Codec(
+    TAG, "score", ScoreBody, reading(ScoreBody), score_call, score_json,
+    about="vLLM's score: a cross-encoder's relevance of each pair, or an embedding model's\n"
+    "cosine similarity.",
+)  # fmt: skip
+CLASSIFY = Codec(TAG, "classify", InputBody, reading(InputBody), classify_call, classify_json)
+# The same body with Infinity's `raw_scores` (`routes.infinity`), answered as Infinity answers
+INFINITY_CLASSIFY = Codec(
+    TAG, "classify", InputBody, reading(InputBody), classify_call, infinity_classify_json
+)

@@ -1,5 +1,5 @@
-"""Our task routes beside the other servers' (`tei_api`, `cohere_api`, `openai_api`), in the
-shapes Hugging Face's pipelines answer:
+"""Our task routes beside the other servers' (`tei`, `cohere`, `openai`), in the shapes
+Hugging Face's pipelines answer (their codecs; the table, `routes`, serves them):
 
 - `POST /classify` (text-embeddings-inference's `/predict` body): a text, a pair, or a batch
   of them; each label's score by the `Classify` head, best first.
@@ -10,18 +10,18 @@ shapes Hugging Face's pipelines answer:
 
 A body becomes the core's one call (`Texts` or `TextPairs`, with the task's head): admission,
 deadlines, the token budget, batching by length and the API key are the core's and the app's,
-as for every route. A route without a `model` goes to the default model when it serves the
+as for every route. A call without a `model` goes to the default model when it serves the
 task, else to the one model that does. Errors come in the one error form.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Request, Response
+from fastapi import Request
 from pydantic import Field, StrictBool, StrictStr
 
-from bucketserve.core.calls import Inputs, TextPairs, Texts
+from bucketserve.core.calls import Answer, Call, Inputs, TextPairs, Texts
 from bucketserve.core.labels import Activation
 from bucketserve.core.tasks.classifier import SCORES, Classify, classifier_rule
 from bucketserve.core.tasks.entities import ENTITIES, TagTokens
@@ -33,12 +33,11 @@ from bucketserve.edges.http.bodies import (
     ranked,
     refuse_prompt_for_pairs,
 )
-from bucketserve.edges.http.common import json_response
+from bucketserve.edges.http.codec import Codec, reading
 from bucketserve.edges.http.schemas import Lenient, Positive, Text
-from bucketserve.edges.http.task_call import body_of, post, run
 from bucketserve.errors import InvalidInput
 
-router = APIRouter(tags=["Tasks"])
+TAG = "Tasks"
 
 
 Item = Text | Annotated[list[Text], Field(min_length=1, max_length=2)]
@@ -127,9 +126,8 @@ class FillMaskBody(TextsBody):
     top_k: Positive = Field(5, description="the likeliest this many tokens for each mask")
 
 
-async def classify(request: Request) -> Response:
-    """POST /classify in our shape, TEI's /predict body (`shapes` tells it from vLLM's)."""
-    body: ClassifyBody = await body_of(request, ClassifyBody)
+def classify_call(request: Request, body: ClassifyBody) -> Call:
+    """/classify in our shape, TEI's /predict body."""
     texts = body.items
     if any(len(t) == 2 for t in texts) and any(len(t) == 1 for t in texts):
         raise InvalidInput("inputs: send texts, or pairs, not both in one batch")
@@ -147,40 +145,49 @@ async def classify(request: Request) -> Response:
         inputs = Texts([t[0] for t in texts], body.truncation, body.prompt_name)
     applied = body.parameters.function_to_apply if body.parameters else None
     activation = None if applied is None else Activation(applied)
-    answer = await run(request, inputs, body.model, Classify(body.raw_scores, activation))
+    return Call(inputs, body.model, head=Classify(body.raw_scores, activation))
+
+
+def classify_json(request: Request, body: ClassifyBody, answer: Answer) -> Any:
     labels = classifier_rule(answer.model).labels
     results = [
         [{"label": labels[i], "score": float(scores[i])} for i in ranked(scores, body.best)]
         for scores in (out[SCORES] for out in answer.outputs)
     ]
     unnested = body.single and body.parameters is None
-    return json_response(results[0] if unnested else results)
+    return results[0] if unnested else results
 
 
-@post(
-    router,
-    "/classify_tokens",
-    TokensBody,
-    "Each text's entities: labels, scores and character spans of its tokens",
-)
-async def classify_tokens(request: Request) -> Response:
-    body: TokensBody = await body_of(request, TokensBody)
+def classify_tokens_call(request: Request, body: TokensBody) -> Call:
     if body.prompt_name is not None:  # (each entity's span is in the text as sent)
         raise InvalidInput("prompt_name: a tagger reads the texts as sent", param="prompt_name")
-    answer = await run(request, body.inputs_of_texts, body.model, body.head)
+    return Call(body.inputs_of_texts, body.model, head=body.head)
+
+
+def classify_tokens_json(request: Request, body: TokensBody, answer: Answer) -> Any:
     found = [out[ENTITIES].tolist() for out in answer.outputs]
-    return json_response(found[0] if isinstance(body.inputs, str) else found)
+    return found[0] if isinstance(body.inputs, str) else found
 
 
-@post(
-    router,
-    "/fill_mask",
-    FillMaskBody,
-    "Each mask token's likeliest tokens, as Hugging Face's fill-mask pipeline gives them",
-)
-async def fill_mask(request: Request) -> Response:
-    body: FillMaskBody = await body_of(request, FillMaskBody)
-    answer = await run(request, body.inputs_of_texts, body.model, FillMask(body.top_k))
+def fill_mask_call(request: Request, body: FillMaskBody) -> Call:
+    return Call(body.inputs_of_texts, body.model, head=FillMask(body.top_k))
+
+
+def fill_mask_json(request: Request, body: FillMaskBody, answer: Answer) -> Any:
     per_text = [out[GUESSES].tolist() for out in answer.outputs]  # (a text's masks' guesses)
     found = [masks[0] if len(masks) == 1 else masks for masks in per_text]
-    return json_response(found[0] if isinstance(body.inputs, str) else found)
+    return found[0] if isinstance(body.inputs, str) else found
+
+
+CLASSIFY = Codec(TAG, "classify", ClassifyBody, reading(ClassifyBody), classify_call, classify_json)
+CLASSIFY_TOKENS = Codec(
+    TAG,
+    "classify_tokens",
+    TokensBody,
+    reading(TokensBody),
+    classify_tokens_call,
+    classify_tokens_json,
+)
+FILL_MASK = Codec(
+    TAG, "fill_mask", FillMaskBody, reading(FillMaskBody), fill_mask_call, fill_mask_json
+)

@@ -1,4 +1,5 @@
-"""text-embeddings-inference's routes, as its clients send them:
+"""text-embeddings-inference's routes, as its clients send them (their codecs and pages; the
+table, `routes`, serves them):
 
 - `POST /rerank` (`query`, `texts`): each (query, text) pair one sequence, as the model's
   tokenizer pairs them, scored by the `Rerank` head; answered sorted by relevance.
@@ -6,8 +7,9 @@
   vector per token by the `EmbedAll` head.
 - `POST /tokenize` and `POST /decode`: the model's own tokenizer, with no model run.
 
-A body becomes the core's one call, as every route's; a route without a `model` goes to the
-default model when it serves the task, else to the one model that does.
+A body becomes the core's one call, as every route's; a call without a `model` goes to the
+default model when it serves the task, else to the one model that does. `GET /health` (at
+`/` and `/ping` too) and `GET /info` are pages: what the server holds, no call.
 """
 
 from __future__ import annotations
@@ -16,11 +18,11 @@ import time
 from typing import Annotated, Any
 
 import numpy as np
-from fastapi import APIRouter, Request, Response
+from fastapi import Request, Response
 from pydantic import Field, StrictBool, StrictStr
 
 from bucketserve.about import VERSION
-from bucketserve.core.calls import TextPairs, Texts
+from bucketserve.core.calls import Answer, Call, TextPairs, Texts
 from bucketserve.core.model import Model
 from bucketserve.core.task import Task
 from bucketserve.core.tasks.classifier import RELEVANCE, Rerank
@@ -37,11 +39,11 @@ from bucketserve.edges.http.bodies import (
     refuse_prompt_for_pairs,
     window_of,
 )
+from bucketserve.edges.http.codec import READ, Codec, Page, reading
 from bucketserve.edges.http.common import engine_of, json_response, limits_of
 from bucketserve.edges.http.schemas import ErrorBody, Integer, Lenient, Positive, Text
-from bucketserve.edges.http.task_call import READ, body_of, post, run
 
-router = APIRouter(tags=["text-embeddings-inference"])
+TAG = "text-embeddings-inference"
 
 STARTING = {"error": "the server is starting or draining", "error_type": "Unhealthy"}
 
@@ -98,105 +100,102 @@ class DecodeBody(Lenient):
     skip_special_tokens: StrictBool = True
 
 
-async def rerank_tei(request: Request) -> Response:
-    """POST /rerank in text-embeddings-inference's shape (`shapes` tells it from Cohere's)."""
-    body: TeiRerankBody = await body_of(request, TeiRerankBody)
+def rerank_call(request: Request, body: TeiRerankBody) -> Call:
+    """/rerank in text-embeddings-inference's shape."""
     refuse_prompt_for_pairs(body.prompt_name)
     pairs = [(body.query, text) for text in body.texts]
     inputs = TextPairs(pairs, body.truncation, body.long_inputs)
-    answer = await run(request, inputs, body.model, Rerank(body.raw_scores))
+    return Call(inputs, body.model, head=Rerank(body.raw_scores))
+
+
+def rerank_json(request: Request, body: TeiRerankBody, answer: Answer) -> Any:
     scores = [float(out[RELEVANCE]) for out in answer.outputs]
-    return json_response(
+    return [
+        {"index": i, "score": scores[i]}
+        | ({"text": body.texts[i]} if body.return_text else {})
+        | window_of(answer.outputs[i])
+        for i in ranked(scores, None)
+    ]
+
+
+def embed_sparse_call(request: Request, body: SparseBody) -> Call:
+    inputs = body.inputs_of(request.state.body_bytes)
+    return Call(inputs, body.model, head=Sparse(body.top_k))
+
+
+def embed_sparse_json(request: Request, body: SparseBody, answer: Answer) -> Any:
+    return [
         [
-            {"index": i, "score": scores[i]}
-            | ({"text": body.texts[i]} if body.return_text else {})
-            | window_of(answer.outputs[i])
-            for i in ranked(scores, None)
+            {"index": i, "value": v}  # (tolist: Python numbers in one call, not each)
+            for i, v in zip(out[INDICES].tolist(), out[VALUES].tolist(), strict=True)
         ]
-    )
+        for out in answer.outputs
+    ]
 
 
-@post(
-    router,
-    "/embed_sparse",
-    SparseBody,
-    "Each text's sparse weights over the vocabulary: [{index, value}]",
-)
-async def embed_sparse(request: Request) -> Response:
-    body: SparseBody = await body_of(request, SparseBody)
+def embed_all_call(request: Request, body: InputsBody) -> Call:
+    return Call(body.inputs_of(request.state.body_bytes), body.model, head=EmbedAll())
+
+
+def embed_all_json(request: Request, body: InputsBody, answer: Answer) -> Any:
+    return [out[VECTORS] for out in answer.outputs]
+
+
+def embed_call(request: Request, body: EmbedBody) -> Call:
     inputs = body.inputs_of(request.state.body_bytes)
-    answer = await run(request, inputs, body.model, Sparse(body.top_k))
-    return json_response(
-        [
-            [
-                {"index": i, "value": v}  # (tolist: Python numbers in one call, not each)
-                for i, v in zip(out[INDICES].tolist(), out[VALUES].tolist(), strict=True)
-            ]
-            for out in answer.outputs
-        ]
-    )
+    return Call(inputs, body.model, head=Embed(body.dimensions, body.normalize))
 
 
-@post(router, "/embed_all", InputsBody, "One vector per token of each text")
-async def embed_all(request: Request) -> Response:
-    body: InputsBody = await body_of(request, InputsBody)
-    inputs = body.inputs_of(request.state.body_bytes)
-    answer = await run(request, inputs, body.model, EmbedAll())
-    return json_response([out[VECTORS] for out in answer.outputs])
+def embed_json(request: Request, body: EmbedBody, answer: Answer) -> Any:
+    return [out[EMBEDDING] for out in answer.outputs]
 
 
-@post(router, "/embed", EmbedBody, "One vector per text, pooled as the model's config says")
-async def embed(request: Request) -> Response:
-    body: EmbedBody = await body_of(request, EmbedBody)
-    inputs = body.inputs_of(request.state.body_bytes)
-    head = Embed(body.dimensions, body.normalize)
-    answer = await run(request, inputs, body.model, head)
-    return json_response([out[EMBEDDING] for out in answer.outputs])
-
-
-@post(
-    router,
-    "/similarity",
-    SimilarityBody,
-    "The cosine similarity of a sentence to each of others (sentence-similarity)",
-)
-async def similarity(request: Request) -> Response:
-    body: SimilarityBody = await body_of(request, SimilarityBody)
+def similarity_call(request: Request, body: SimilarityBody) -> Call:
     given = body.inputs
     given_options = body.parameters or TextCut.model_validate({})
     options = given_options.with_defaults(limits_of(request).auto_truncate)
     sentences = [given.source_sentence, *given.sentences]
     texts = Texts(sentences, options.truncation, options.prompt_name)
-    answer = await run(request, texts, body.model, Embed(normalize=True))
+    return Call(texts, body.model, head=Embed(normalize=True))
+
+
+def similarity_json(request: Request, body: SimilarityBody, answer: Answer) -> Any:
     source, *others = (out[EMBEDDING] for out in answer.outputs)
-    return json_response([float(np.dot(source, other)) for other in others])
+    return [float(np.dot(source, other)) for other in others]
 
 
-@post(
-    router,
-    "/tokenize",
-    TokenizeBody,
-    "Tokens of each text, by the model's own tokenizer: ids, pieces, offsets",
-    READ,
-)
-async def tokenize(request: Request) -> Response:
-    body: TokenizeBody = await body_of(request, TokenizeBody)
+def tokenize_call(request: Request, body: TokenizeBody) -> Call:
     texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
-    answer = await run(
-        request,
-        Texts(texts, prompt_name=body.prompt_name),
-        body.model,
-        Tokenize(body.add_special_tokens),
-    )
-    return json_response([out[TOKENS].tolist() for out in answer.outputs])
+    inputs = Texts(texts, prompt_name=body.prompt_name)
+    return Call(inputs, body.model, head=Tokenize(body.add_special_tokens))
 
 
-@post(router, "/decode", DecodeBody, "Texts of token id lists, by the model's own tokenizer", READ)
-async def decode(request: Request) -> Response:
-    body: DecodeBody = await body_of(request, DecodeBody)
+def tokenize_json(request: Request, body: TokenizeBody, answer: Answer) -> Any:
+    return [out[TOKENS].tolist() for out in answer.outputs]
+
+
+def decode_call(request: Request, body: DecodeBody) -> Call:
     rows: Any = [body.ids] if not body.ids or isinstance(body.ids[0], int) else body.ids
-    answer = await run(request, IdRows(rows), body.model, Decode(body.skip_special_tokens))
-    return json_response([out[TEXT].item() for out in answer.outputs])
+    return Call(IdRows(rows), body.model, head=Decode(body.skip_special_tokens))
+
+
+def decode_json(request: Request, body: DecodeBody, answer: Answer) -> Any:
+    return [out[TEXT].item() for out in answer.outputs]
+
+
+RERANK = Codec(TAG, "rerank", TeiRerankBody, reading(TeiRerankBody), rerank_call, rerank_json)
+EMBED_SPARSE = Codec(
+    TAG, "embed_sparse", SparseBody, reading(SparseBody), embed_sparse_call, embed_sparse_json
+)
+EMBED_ALL = Codec(TAG, "embed_all", InputsBody, reading(InputsBody), embed_all_call, embed_all_json)
+EMBED = Codec(TAG, "embed", EmbedBody, reading(EmbedBody), embed_call, embed_json)
+SIMILARITY = Codec(
+    TAG, "similarity", SimilarityBody, reading(SimilarityBody), similarity_call, similarity_json
+)
+TOKENIZE = Codec(
+    TAG, "tokenize", TokenizeBody, reading(TokenizeBody), tokenize_call, tokenize_json, READ
+)
+DECODE = Codec(TAG, "decode", DecodeBody, reading(DecodeBody), decode_call, decode_json, READ)
 
 
 UNHEALTHY: dict[int | str, dict[str, Any]] = {
@@ -204,12 +203,6 @@ UNHEALTHY: dict[int | str, dict[str, Any]] = {
 }
 
 
-@router.get(
-    "/health",
-    summary="Whether the server takes requests: 200, or 503 starting or draining",
-    response_class=Response,
-    responses={200: {"description": "it takes requests: {unix}, the server's clock"}, **UNHEALTHY},
-)
 async def health(request: Request) -> Response:
     """text-embeddings-inference's health (also at GET / and /ping, as it serves it), with
     Infinity's body (TEI's clients read the status alone; infinity_client reads `unix`)."""
@@ -218,11 +211,6 @@ async def health(request: Request) -> Response:
     return json_response(STARTING | {"code": "unavailable"}, 503)
 
 
-for path in ("/", "/ping"):
-    router.get(path, summary="As /health", response_class=Response, responses=UNHEALTHY)(health)
-
-
-@router.get("/info", summary="The default model, as text-embeddings-inference describes it")
 async def info(request: Request) -> Response:
     model = engine_of(request).registry.resolve()
     limits = limits_of(request)
@@ -258,3 +246,21 @@ def model_type(model: Model) -> dict[str, Any]:
     embedding = model.info.rule(Task.EMBED)
     pooling = embedding.pooling.value if embedding is not None else "splade"
     return {"embedding": {"pooling": pooling}}
+
+
+HEALTH = Page(
+    TAG,
+    health,
+    "Whether the server takes requests: 200, or 503 starting or draining",
+    options={
+        "response_class": Response,
+        "responses": {
+            200: {"description": "it takes requests: {unix}, the server's clock"},
+            **UNHEALTHY,
+        },
+    },
+)
+HEALTH_TOO = Page(  # (at GET / and /ping, as TEI serves it)
+    TAG, health, "As /health", options={"response_class": Response, "responses": UNHEALTHY}
+)
+INFO = Page(TAG, info, "The default model, as text-embeddings-inference describes it")

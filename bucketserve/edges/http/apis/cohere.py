@@ -1,7 +1,9 @@
 """Cohere's embed and rerank APIs, as its SDKs (and LangChain's CohereEmbeddings and
 CohereRerank) send them: `POST /v1/embed`, `POST /v2/embed`, and `POST /v1/rerank`, `POST
 /v2/rerank`, where Jina's clients send theirs too (`query`, `documents`, `top_n`: each (query,
-document) pair one sequence, scored by the `Rerank` head, answered sorted by relevance).
+document) pair one sequence, scored by the `Rerank` head, answered sorted by relevance); the
+same body with Infinity's `raw_scores` is answered as Infinity answers (`INFINITY_RERANK`).
+Their codecs; the table, `routes`, serves them.
 
 A body becomes the core's one call (`Texts`, with the `Embed` head), as OpenAI's does: its
 `input_type` chooses the model's prompt (`ModelInfo.prompt_of_type`: e5's `query: ` for
@@ -16,10 +18,10 @@ import base64
 from typing import Annotated, Any, Literal
 
 import numpy as np
-from fastapi import APIRouter, Request, Response
+from fastapi import Request
 from pydantic import Field, StrictBool, StrictStr
 
-from bucketserve.core.calls import TextPairs, Texts
+from bucketserve.core.calls import Answer, Call, TextPairs, Texts
 from bucketserve.core.model import Truncation
 from bucketserve.core.quantize import Calibration, EmbeddingType, quantized
 from bucketserve.core.tasks.classifier import RELEVANCE, Rerank
@@ -32,15 +34,12 @@ from bucketserve.edges.http.bodies import (
     ranked,
     window_of,
 )
-from bucketserve.edges.http.common import (
-    json_response,
-    request_id,
-)
+from bucketserve.edges.http.codec import Codec, reading
+from bucketserve.edges.http.common import request_id
 from bucketserve.edges.http.schemas import Integer, Lenient, Positive, Text
-from bucketserve.edges.http.task_call import body_of, post, run
 from bucketserve.errors import InvalidInput, quoted
 
-router = APIRouter(tags=["Cohere"])
+TAG = "Cohere"
 
 CUTS = {"END": Truncation(), "START": Truncation(left=True), "NONE": Truncation(allowed=False)}
 
@@ -69,10 +68,12 @@ class EmbedBody(Lenient):
     )
 
 
-async def embed(request: Request, version: int) -> Response:
-    body: EmbedBody = await body_of(request, EmbedBody)
+def embed_call(request: Request, body: EmbedBody) -> Call:
     texts = Texts(body.texts, CUTS[body.truncate], input_type=body.input_type)
-    answer = await run(request, texts, body.model, Embed(body.output_dimension), body.priority)
+    return Call(texts, body.model, head=Embed(body.output_dimension), priority=body.priority)
+
+
+def embed_json(request: Request, body: EmbedBody, answer: Answer, version: int) -> Any:
     vectors = np.stack([out[EMBEDDING] for out in answer.outputs])
     by_type = version == 2 or body.embedding_types is not None
     kinds = list(dict.fromkeys(body.embedding_types or ["float"]))
@@ -88,7 +89,7 @@ async def embed(request: Request, version: int) -> Response:
             "billed_units": {"input_tokens": sum(answer.lengths)},
         },
     }
-    return json_response(reply)
+    return reply
 
 
 def typed_as(vectors: np.ndarray, kind: str, calibration: Calibration | None) -> Any:
@@ -98,16 +99,32 @@ def typed_as(vectors: np.ndarray, kind: str, calibration: Calibration | None) ->
     return quantized(vectors, EmbeddingType(kind), calibration)
 
 
-@post(router, "/v1/embed", EmbedBody, "Embeddings (v1)")
-async def embed_v1(request: Request) -> Response:
-    """Embeddings, as Cohere's API v1 answers them: floats, or by type when types are named."""
-    return await embed(request, 1)
+def embed_v1_json(request: Request, body: EmbedBody, answer: Answer) -> Any:
+    return embed_json(request, body, answer, 1)
 
 
-@post(router, "/v2/embed", EmbedBody, "Embeddings (v2)")
-async def embed_v2(request: Request) -> Response:
-    """Embeddings, as Cohere's API v2 answers them: by type."""
-    return await embed(request, 2)
+def embed_v2_json(request: Request, body: EmbedBody, answer: Answer) -> Any:
+    return embed_json(request, body, answer, 2)
+
+
+EMBED_V1 = Codec(
+    TAG,
+    "embed_v1",
+    EmbedBody,
+    reading(EmbedBody),
+    embed_call,
+    embed_v1_json,
+    about="Embeddings, as Cohere's API v1 answers them: floats, or by type when types are named.",
+)
+EMBED_V2 = Codec(
+    TAG,
+    "embed_v2",
+    EmbedBody,
+    reading(EmbedBody),
+    embed_call,
+    embed_v2_json,
+    about="Embeddings, as Cohere's API v2 answers them: by type.",
+)
 
 
 JSON_KINDS = {bool: "a boolean", int: "a number", float: "a number", dict: "an object",
@@ -142,16 +159,19 @@ class RerankBody(Lenient):
     )
 
 
-async def rerank(request: Request) -> Response:
+def rerank_call(request: Request, body: RerankBody) -> Call:
     """Cohere's and Jina's rerank, at both their paths."""
-    body: RerankBody = await body_of(request, RerankBody)
     documents = [document_text(d, i, body.rank_fields) for i, d in enumerate(body.documents)]
     pairs = TextPairs(
         [(body.query, d) for d in documents], Truncation(body.truncate), body.long_inputs
     )
-    answer = await run(request, pairs, body.model, Rerank(bool(body.raw_scores)), body.priority)
+    return Call(pairs, body.model, head=Rerank(bool(body.raw_scores)), priority=body.priority)
+
+
+def rerank_json(request: Request, body: RerankBody, answer: Answer, infinity: bool) -> Any:
+    """The answer as Cohere's and Jina's rerank answer; as Infinity answers (`infinity`), each
+    document a text as sent."""
     scores = [float(out[RELEVANCE]) for out in answer.outputs]
-    infinity = body.raw_scores is not None
     results = [
         {"index": i, "relevance_score": scores[i]}
         | ({"document": sent(body.documents[i], infinity)} if body.return_documents else {})
@@ -159,15 +179,13 @@ async def rerank(request: Request) -> Response:
         for i in ranked(scores, body.top_n)
     ]
     tokens = sum(answer.lengths)
-    return json_response(
-        {
-            "id": request_id(request),
-            "results": results,
-            "model": answer.model.name,
-            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-            "meta": {"api_version": {"version": "2"}, "billed_units": {"search_units": 1}},
-        }
-    )
+    return {
+        "id": request_id(request),
+        "results": results,
+        "model": answer.model.name,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        "meta": {"api_version": {"version": "2"}, "billed_units": {"search_units": 1}},
+    }
 
 
 def document_text(document: str | dict[str, Any], index: int, fields: list[str] | None) -> str:
@@ -210,6 +228,21 @@ def sent(document: str | dict[str, Any], infinity: bool) -> str | dict[str, Any]
     return {"text": document} if isinstance(document, str) and not infinity else document
 
 
-for path in ("/v1/rerank", "/v2/rerank"):
-    shape = f"Rerank documents against a query (Cohere's and Jina's shape), at {path}"
-    post(router, path, RerankBody, shape)(rerank)
+def cohere_rerank_json(request: Request, body: RerankBody, answer: Answer) -> Any:
+    return rerank_json(request, body, answer, infinity=False)
+
+
+def infinity_rerank_json(request: Request, body: RerankBody, answer: Answer) -> Any:
+    return rerank_json(request, body, answer, infinity=True)
+
+
+RERANK_ABOUT = "Cohere's and Jina's rerank, at both their paths."
+RERANK = Codec(
+    TAG, "rerank", RerankBody, reading(RerankBody), rerank_call, cohere_rerank_json,
+    about=RERANK_ABOUT,
+)  # fmt: skip
+# The same body with Infinity's `raw_scores` (`routes.infinity`), answered as Infinity answers
+INFINITY_RERANK = Codec(
+    TAG, "rerank", RerankBody, reading(RerankBody), rerank_call, infinity_rerank_json,
+    about=RERANK_ABOUT,
+)  # fmt: skip

@@ -1,4 +1,5 @@
-"""`POST /predict`: the simple API. Sequences (or texts) in, one output dict per sequence out."""
+"""`POST /predict`: the simple API. Sequences (or texts) in, one output dict per sequence out
+(`PREDICT`: its codec; the table, `routes`, serves it at its path)."""
 
 from __future__ import annotations
 
@@ -6,19 +7,13 @@ import math
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from fastapi import Request, Response
+from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from bucketserve.core.calls import Inputs, Sequences, Texts
+from bucketserve.core.calls import Answer, Call, Inputs, Sequences, Texts
 from bucketserve.core.model import Truncation
-from bucketserve.edges.http.common import (
-    answer_of,
-    call_of,
-    engine_of,
-    json_response,
-    limits_of,
-    read_json,
-)
+from bucketserve.edges.http.codec import Codec
+from bucketserve.edges.http.common import engine_of, limits_of, read_json
 from bucketserve.edges.http.schemas import inlined
 from bucketserve.edges.limits import Budget
 from bucketserve.errors import InvalidInput, MalformedRequest
@@ -129,9 +124,20 @@ def budget(request: Request) -> Budget:
     return limits_of(request).json(widest)
 
 
-async def predict(request: Request) -> Response:
-    """POST /predict in our own shape (`shapes` tells it from text-embeddings-inference's)."""
+async def predict_read(request: Request) -> Predict:
+    """The body, read by hand within what /predict may hold (`budget`)."""
     body: Predict = await read_json(request, budget(request), read_predict)
-    call = call_of(request, body.inputs, body.model, outputs=body.outputs, priority=body.priority)
-    answer = await answer_of(request, call)
-    return json_response({"model": answer.model.name, "outputs": answer.outputs})
+    return body
+
+
+def predict_call(request: Request, body: Predict) -> Call:
+    return Call(body.inputs, body.model, outputs=body.outputs, priority=body.priority)
+
+
+def predict_json(request: Request, body: Predict, answer: Answer) -> Any:
+    return {"model": answer.model.name, "outputs": answer.outputs}
+
+
+PREDICT = Codec(
+    "bucketserve", "predict", PREDICT_BODY, predict_read, predict_call, predict_json, budget=budget
+)

@@ -1,26 +1,25 @@
 """OpenAI's embeddings API, as its SDKs (and LangChain, LlamaIndex, LiteLLM) send it:
-`POST /v1/embeddings` and `GET /v1/models` (and at the root, as TEI's and Infinity's copies).
+`POST /v1/embeddings` and `GET /v1/models` (and at the root, as TEI's and Infinity's copies):
+its codec and pages; the table, `routes`, serves them.
 
 A body becomes the core's one call (`Texts`, or `Sequences` for token ids) with the `Embed`
 head (`bucketserve.core.heads`): the core pools and normalises each sequence's outputs by the
 model's embedding rule, and the route sends the vectors as floats or as base64 of
-little-endian float32 (the SDKs' default). Errors come in OpenAI's form (`dialects.error_body`),
+little-endian float32 (the SDKs' default). Errors come in OpenAI's form (`dialects.Form.HOSTED`),
 with the server's statuses.
 """
 
 from __future__ import annotations
 
 import base64
-import contextlib
 import time
-from collections.abc import Iterator
 from typing import Annotated, Any, Literal
 
 import numpy as np
-from fastapi import APIRouter, Request, Response
+from fastapi import Request, Response
 from pydantic import BaseModel, Field, StrictBool, StrictStr, ValidationError
 
-from bucketserve.core.calls import Inputs, LateChunks, Sequences, Texts
+from bucketserve.core.calls import Answer, Call, Inputs, LateChunks, Sequences, Texts
 from bucketserve.core.heads import Head, not_served
 from bucketserve.core.model import Model, Truncation
 from bucketserve.core.quantize import quantized
@@ -33,23 +32,12 @@ from bucketserve.core.tasks.embedding import (
     embedding_rule,
 )
 from bucketserve.edges.http.bodies import LONG_INPUTS, PROMPT_CUT, LongInputs, PromptCut
-from bucketserve.edges.http.common import (
-    JSON,
-    PRIORITY_PARAMETER,
-    TIMEOUT_PARAMETER,
-    answer_of,
-    call_of,
-    engine_of,
-    json_response,
-    limits_of,
-    read_json,
-)
-from bucketserve.edges.http.dialects import Dialect, errors, names_are_hints
-from bucketserve.edges.http.schemas import Count, Integer, Lenient, inlined, is_integer
-from bucketserve.edges.http.task_call import said_ignored, said_stand_in
-from bucketserve.errors import BucketserveError, InvalidInput, MalformedRequest
+from bucketserve.edges.http.codec import Codec, Page, said_ignored
+from bucketserve.edges.http.common import engine_of, json_response, limits_of, read_json
+from bucketserve.edges.http.schemas import Count, Integer, Lenient, is_integer
+from bucketserve.errors import InvalidInput, MalformedRequest
 
-router = APIRouter(tags=["OpenAI"])
+TAG = "OpenAI"
 
 STARTED = int(time.time())  # `created` of every model: when this server loaded it
 
@@ -186,18 +174,6 @@ def read_embeddings(body: Any, wire_bytes: int = 0) -> EmbeddingsBody:
         raise error from None
 
 
-@contextlib.contextmanager
-def blamed(param: str) -> Iterator[None]:
-    """A client's error raised inside is about the request's field `param` (unless it names
-    its own): OpenAI's `param`."""
-    try:
-        yield
-    except BucketserveError as exc:
-        if exc.status < 500 and exc.param is None:
-            exc.param = param
-        raise
-
-
 def call_parts(body: EmbeddingsBody, wire_bytes: int, own_ids: bool) -> tuple[Inputs, Head]:
     """The call's inputs and head: each text embedded, or (`late_chunking`) the texts as one
     sequence, each pooled over its own tokens (one row each)."""
@@ -240,29 +216,42 @@ def answered(rows: list[np.ndarray], rule: Embedding, encoding: str) -> list[Any
     return list(typed)
 
 
-async def embeddings(request: Request) -> Response:
-    engine = engine_of(request)
+async def embeddings_read(request: Request) -> EmbeddingsBody:
     body: EmbeddingsBody = await read_json(request, limits_of(request).json(), read_embeddings)
     if body.ignored:
         said_ignored(request, body.ignored)
-    inputs, head = call_parts(body, request.state.body_bytes, engine.settings.openai_token_ids)
-    stand_in = names_are_hints(request.url.path)
-    call = call_of(request, inputs, body.model, head=head, stand_in=stand_in)
-    with blamed("input"):  # (unless the error names its own field: model, dimensions)
-        answer = await answer_of(request, call)
-    said_stand_in(request, answer)
+    return body
+
+
+def embeddings_call(request: Request, body: EmbeddingsBody) -> Call:
+    own_ids = engine_of(request).settings.openai_token_ids
+    inputs, head = call_parts(body, request.state.body_bytes, own_ids)
+    return Call(inputs, body.model, head=head)
+
+
+def embeddings_json(request: Request, body: EmbeddingsBody, answer: Answer) -> Any:
     rows = [row for out in answer.outputs for row in np.atleast_2d(out[EMBEDDING])]
     vectors = answered(rows, embedding_rule(answer.model), body.encoding_format)
     data = [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors)]
     tokens = sum(answer.lengths)
-    return json_response(
-        {
-            "object": "list",
-            "data": data,
-            "model": answer.model.name,
-            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-        }
-    )
+    return {
+        "object": "list",
+        "data": data,
+        "model": answer.model.name,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    }
+
+
+EMBEDDINGS = Codec(
+    TAG,
+    "embeddings",
+    EmbeddingsBody,
+    embeddings_read,
+    embeddings_call,
+    embeddings_json,
+    answers=EmbeddingsResponse,
+    blames="input",  # (a client's error from the engine, unless it names its own field)
+)
 
 
 # the tasks a model is listed here for: every one a retrieval pipeline calls
@@ -293,29 +282,16 @@ async def model(request: Request, name: str) -> Response:
     return json_response(card(found))
 
 
-# Under /v1, as OpenAI serves them, and at the root, as TEI and Infinity serve their copies.
-for prefix in ("/v1", ""):
-    router.post(
-        f"{prefix}/embeddings",
-        response_model=EmbeddingsResponse,
-        responses=errors(Dialect.HOSTED, 400, 404, 413, 415, 422, 503, 504),
-        openapi_extra={
-            "requestBody": {
-                "required": True,
-                "content": {JSON: {"schema": inlined(EmbeddingsBody)}},
-            },
-            "parameters": [TIMEOUT_PARAMETER, PRIORITY_PARAMETER],
-        },
-        summary="Embeddings, as OpenAI's API answers them",
-    )(embeddings)
-    router.get(
-        f"{prefix}/models",
-        response_model=ModelList,
-        summary="The models that embed, rerank or classify (their tasks listed)",
-    )(models)
-    router.get(
-        f"{prefix}/models/{{name}}",
-        response_model=ModelCard,
-        responses=errors(Dialect.HOSTED, 400, 404, 422, 503),
-        summary="One model that embeds, reranks or classifies",
-    )(model)
+MODELS = Page(
+    TAG,
+    models,
+    "The models that embed, rerank or classify (their tasks listed)",
+    options={"response_model": ModelList},
+)
+MODEL = Page(
+    TAG,
+    model,
+    "One model that embeds, reranks or classifies",
+    (400, 404, 422, 503),
+    {"response_model": ModelCard},
+)
