@@ -8,6 +8,8 @@ clients expect for it.
 
 from __future__ import annotations
 
+import copy
+
 MAX_MESSAGE_CHARS = 500  # what a client is told: enough to say what is wrong, never an echo
 
 
@@ -35,6 +37,14 @@ class BucketserveError(Exception):
         super().__init__(message)
         self.message = message
         self.param = param  # the request's field at fault, where one is (OpenAI's `param`)
+
+    def about(self, param: str) -> BucketserveError:
+        """This error, raised about the request's field `param` (the core's errors about a
+        call's inputs name none: what holds them is a dialect's field). A new error: the one
+        raised may be answered to others too, unchanged."""
+        named = copy.copy(self)
+        named.param = param
+        return named
 
 
 class ConfigError(BucketserveError):

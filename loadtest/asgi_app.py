@@ -15,9 +15,7 @@ from bucketserve.process.wiring import running, wire
 from bucketserve.settings import Settings
 
 wired = wire(Settings.from_env())
-served = create_app(
-    wired.engine, wired.control, wired.metrics, wired.keys, wired.limits, wired.jobs
-)
+served = create_app(wired.engine, wired.control, wired.metrics, wired.keys, wired.http, wired.jobs)
 
 
 async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:

@@ -17,13 +17,12 @@ import onnxruntime as ort
 
 from bucketserve.control import Control
 from bucketserve.core.engine import Engine
-from bucketserve.edges.auth import ApiKeys
 from bucketserve.edges.http.app import create_app
 from bucketserve.jobs.jobs import Jobs
 from bucketserve.loading import ModelSpec, load_engine, load_model_spec
 from bucketserve.loading.layouts import layout_of
 from bucketserve.metrics import Metrics
-from bucketserve.process.wiring import running
+from bucketserve.process.wiring import api_keys, http_options, running
 from bucketserve.runtime.sessions import own_pools_allowed, run_all
 from bucketserve.settings import Settings
 from modelgen.save import save_model
@@ -62,14 +61,15 @@ async def serving(
     engine: Engine, control: Control | None = None
 ) -> AsyncIterator[httpx.AsyncClient]:
     """The app around `engine` (and `control`), wired and running as the process runs them
-    (the API keys from the engine's settings; bulk jobs where its settings name a jobs
-    directory), and a client talking to it in-process."""
+    (the API keys and HTTP's options from the engine's settings, its tracing; bulk jobs where
+    its settings name a jobs directory), and a client talking to it in-process."""
     settings = engine.settings
     control = control or Control(engine, None)
-    keys = ApiKeys.of(settings)
+    keys = api_keys(settings)
     metrics = Metrics(keys.tenants | set(settings.weights()))
     jobs = None if settings.jobs_dir is None else Jobs(settings.jobs_dir, engine, metrics, settings)
-    app = create_app(engine, control, metrics, keys, jobs=jobs)
+    options = http_options(settings, engine.tracing)
+    app = create_app(engine, control, metrics, keys, options, jobs=jobs)
     async with running(engine, control, metrics, jobs):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:

@@ -311,13 +311,15 @@ async def test_a_key_naming_another_tenant_over_grpc_is_permission_denied(models
     from bucketserve.control import Control
     from bucketserve.edges.grpc import GrpcListener
     from bucketserve.metrics import Metrics
+    from bucketserve.process.wiring import grpc_options
 
     service_pb2 = pytest.importorskip("tritonclient.grpc.service_pb2")
     port = free_port()
     engine = load_engine(Settings(models=models, grpc_port=port))
     keys = ApiKeys({"sk-alice": "alice", "sk-bob": "bob"}, tenant_header="X-Tenant")
     async with serving(engine):
-        listener = GrpcListener(engine, Control(engine, None), Metrics(), keys)
+        options = grpc_options(engine.settings, engine.tracing)
+        listener = GrpcListener(engine, Control(engine, None), Metrics(), keys, options)
         await listener.start()
         try:
             async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:

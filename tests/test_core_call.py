@@ -82,6 +82,7 @@ async def test_every_edge_makes_the_same_call_for_the_same_sequences() -> None:
     from bucketserve.control import Control
     from bucketserve.edges.auth import ApiKeys
     from bucketserve.edges.grpc import GrpcListener
+    from bucketserve.process.wiring import grpc_options
 
     model, _ = fake_model()
     port = free_port()
@@ -89,7 +90,8 @@ async def test_every_edge_makes_the_same_call_for_the_same_sequences() -> None:
     engine = RecordingEngine(Registry({model.name: model}, model.name), settings)
     keys = ApiKeys((), tenant_header="X-Tenant")
     async with serving(engine) as client:
-        grpc_server = GrpcListener(engine, Control(engine, None), Metrics(), keys)
+        options = grpc_options(settings, engine.tracing)
+        grpc_server = GrpcListener(engine, Control(engine, None), Metrics(), keys, options)
         await grpc_server.start()
         try:
             predicted = await client.post(

@@ -111,6 +111,10 @@ PLANTS = {
         "bucketserve/edges/http/apis/cohere.py",
         "from bucketserve.edges.http.apis import tei",
     ),
+    "edge-reads-settings": (
+        "bucketserve/edges/grpc/listener.py",
+        "from bucketserve.settings import Settings",
+    ),
     "api-past-the-table": (
         "bucketserve/edges/http/app.py",
         "from bucketserve.edges.http.apis import openai",

@@ -109,6 +109,7 @@ def test_grpc_continues_a_traceparent(models: Path, exporter: Any, tmp_path: Pat
     from bucketserve.edges.auth import ApiKeys
     from bucketserve.edges.grpc.listener import GrpcListener
     from bucketserve.metrics import Metrics
+    from bucketserve.process.wiring import grpc_options
     from loadtest.process import free_port
 
     port = free_port()
@@ -119,7 +120,8 @@ def test_grpc_continues_a_traceparent(models: Path, exporter: Any, tmp_path: Pat
     async def serve_and_ask() -> None:
         metrics = Metrics()
         async with engine.running(metrics):
-            server = GrpcListener(engine, Control(engine, None), metrics, ApiKeys(()))
+            options = grpc_options(settings, engine.tracing)
+            server = GrpcListener(engine, Control(engine, None), metrics, ApiKeys(()), options)
             await server.start()
             try:
                 client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")

@@ -25,7 +25,6 @@ from collections.abc import Collection, Mapping, Sequence
 
 from bucketserve.errors import Forbidden, MalformedRequest, Unauthorized
 from bucketserve.metrics import JOB_TENANT
-from bucketserve.settings import Settings
 
 # HTTP paths and gRPC methods that need no key: liveness, readiness, a model's readiness.
 OPEN_PATHS = re.compile(r"/v2/health/(live|ready)|/v2/models/[^/]+(/versions/[^/]+)?/ready")
@@ -56,17 +55,6 @@ class ApiKeys:
         self.open_docs = open_docs
         self.header_name = tenant_header  # (as the operator wrote it: what a refusal says)
         self.tenant_header = tenant_header.lower() if tenant_header else None
-
-    @classmethod
-    def of(cls, settings: Settings) -> ApiKeys:
-        """The keys the settings give, read once (the process's, and a test's)."""
-        return cls(
-            settings.api_keys(),
-            settings.open_metrics,
-            settings.docs,
-            settings.tenant_header,
-            settings.gateway_keys(),
-        )
 
     @property
     def required(self) -> bool:

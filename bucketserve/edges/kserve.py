@@ -114,15 +114,6 @@ def priority(parameters: Mapping[str, object]) -> int | None:
     return level if isinstance(level, int) and level else None
 
 
-def level_of(raw: str, where: str) -> int:
-    """A priority level as a header (HTTP's X-Priority, gRPC's x-priority) sends it: digits.
-    A number of any size is a level (the engine says which are this server's)."""
-    text = raw.strip()
-    if not (text.isascii() and text.isdigit()):
-        raise MalformedRequest(f"{where} must be a level: 1 (first), 2, ...; 0 is the default")
-    return int(text) if len(text) <= 18 else 10**18  # (past every server's levels)
-
-
 def truncation(parameters: Mapping[str, object]) -> Truncation:
     """How a `text` longer than the model takes is cut, by the request's parameters (their
     types checked by `timeout_ms`)."""

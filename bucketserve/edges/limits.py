@@ -1,13 +1,11 @@
 """What one request may hold, whatever protocol brought it: built once by the process from its
-settings and handed to HTTP and gRPC (`Limits`), with the budget a body is counted against
-before it is parsed (`Budget`). Imports only the settings.
+settings and handed to HTTP and gRPC (`Limits`; its defaults are the default settings'), with
+the budget a body is counted against before it is parsed (`Budget`). Imports nothing.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-from bucketserve.settings import Settings
 
 FIELDS = 64  # values beside the inputs a body may hold (a model's name, its options...)
 
@@ -25,19 +23,10 @@ class Budget:
 
 @dataclass(frozen=True)
 class Limits:
-    max_body_bytes: int
-    max_sequences: int
-    max_request_tokens: int
+    max_body_bytes: int = 8 * 2**20
+    max_sequences: int = 256
+    max_request_tokens: int = 65_536
     auto_truncate: bool = True  # a text past the model cut where the request does not say
-
-    @classmethod
-    def of(cls, settings: Settings) -> Limits:
-        return cls(
-            settings.max_body_bytes,
-            settings.max_sequences,
-            settings.max_request_tokens,
-            settings.auto_truncate,
-        )
 
     def json(self, widest_step: int = 1) -> Budget:
         """A JSON body read before its model is known: every step a request may hold at the

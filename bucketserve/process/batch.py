@@ -66,7 +66,7 @@ def run_batch(
     (partial / RUN_FILE).write_bytes(this.dumps())
     wired = wire(dataclasses.replace(settings, jobs_dir=partial))
     # (the application the lines run through, bound to no port: it attaches to the jobs)
-    create_app(wired.engine, wired.control, wired.metrics, wired.keys, wired.limits, wired.jobs)
+    create_app(wired.engine, wired.control, wired.metrics, wired.keys, wired.http, wired.jobs)
     try:
         record = asyncio.run(_run(wired, source, endpoint, lines))
     except BucketserveError as exc:

@@ -76,7 +76,7 @@ class HttpListener:
     def __init__(self, wired: Wired) -> None:
         settings = wired.settings
         app = create_app(
-            wired.engine, wired.control, wired.metrics, wired.keys, wired.limits, wired.jobs
+            wired.engine, wired.control, wired.metrics, wired.keys, wired.http, wired.jobs
         )
         self.config = uvicorn.Config(
             app,
@@ -176,7 +176,8 @@ def grpc_listener(wired: Wired) -> Listener:
         from bucketserve.edges.grpc import GrpcListener
     except ImportError as exc:
         raise ConfigError(f"--grpc-port needs the grpc extra ({exc})") from None
-    return GrpcListener(wired.engine, wired.control, wired.metrics, wired.keys, wired.limits)
+    assert wired.grpc is not None  # (wired with a --grpc-port)
+    return GrpcListener(wired.engine, wired.control, wired.metrics, wired.keys, wired.grpc)
 
 
 async def serve(wired: Wired, ports: Sequence[Listener]) -> None:

@@ -1,8 +1,10 @@
 """The process's parts, built once from the settings and handed to both protocols: the engine
 over the repository's registry (with the tenants' shares), model control with the repository's
-loader, the metrics, the tracing and the API keys (which name the tenants). `running` runs
-what must run while serving. Imports load time, control, the core, metrics, tracing and the
-API keys; never a protocol.
+loader, the metrics, the tracing, the API keys (which name the tenants) and each protocol's
+options (`edges.options`: what a request may hold, the tracing, HTTP's docs page and OpenAI's
+token ids, gRPC's address): the edges read no settings. `running` runs what must run while
+serving. Imports load time, control, the core, metrics, tracing, the API keys and the
+options; never a protocol.
 """
 
 from __future__ import annotations
@@ -19,11 +21,12 @@ from bucketserve.core.engine import Engine
 from bucketserve.core.shares import Shares
 from bucketserve.edges.auth import ApiKeys
 from bucketserve.edges.limits import Limits
+from bucketserve.edges.options import GrpcOptions, HttpOptions
 from bucketserve.jobs.jobs import Jobs
 from bucketserve.loading import open_repository
 from bucketserve.metrics import Metrics
 from bucketserve.settings import Settings
-from bucketserve.tracing import configured
+from bucketserve.tracing import Tracing, configured
 
 
 @dataclass(frozen=True)
@@ -33,14 +36,15 @@ class Wired:
     control: Control
     metrics: Metrics
     keys: ApiKeys
-    limits: Limits  # what one request may hold, for every protocol
+    http: HttpOptions  # HTTP's options (what one request may hold is every protocol's)
+    grpc: GrpcOptions | None  # gRPC's (None: no --grpc-port)
     jobs: Jobs  # bulk jobs, run by the HTTP app (which attaches itself to them)
 
 
 def wire(settings: Settings) -> Wired:
     """Every part, from the settings: the repository opened (every model loaded and checked,
     or ConfigError naming each that failed), the keys read once."""
-    keys = ApiKeys.of(settings)
+    keys = api_keys(settings)
     weights = settings.weights()
     shares = functools.partial(Shares, weights, reserve=keys.tenants_may_differ)
     opened = open_repository(settings)
@@ -54,7 +58,39 @@ def wire(settings: Settings) -> Wired:
     )
     metrics = Metrics(keys.tenants | set(weights))
     jobs = Jobs(settings.jobs_dir or default_jobs_dir(), engine, metrics, settings)
-    return Wired(settings, engine, control, metrics, keys, Limits.of(settings), jobs)
+    grpc = None if settings.grpc_port is None else grpc_options(settings, tracing)
+    return Wired(
+        settings, engine, control, metrics, keys, http_options(settings, tracing), grpc, jobs
+    )
+
+
+def api_keys(settings: Settings) -> ApiKeys:
+    """The keys the settings give (their file read once), each naming its tenant."""
+    return ApiKeys(
+        settings.api_keys(),
+        settings.open_metrics,
+        settings.docs,
+        settings.tenant_header,
+        settings.gateway_keys(),
+    )
+
+
+def limits(settings: Settings) -> Limits:
+    """What one request may hold, whatever protocol brought it."""
+    return Limits(
+        settings.max_body_bytes,
+        settings.max_sequences,
+        settings.max_request_tokens,
+        settings.auto_truncate,
+    )
+
+
+def http_options(settings: Settings, tracing: Tracing) -> HttpOptions:
+    return HttpOptions(limits(settings), tracing, settings.docs, settings.openai_token_ids)
+
+
+def grpc_options(settings: Settings, tracing: Tracing) -> GrpcOptions:
+    return GrpcOptions(f"{settings.host}:{settings.grpc_port}", limits(settings), tracing)
 
 
 def default_jobs_dir() -> Path:

@@ -56,7 +56,7 @@ class Embed:
         self.wired = wire(read_settings({"models": str(models), **settings}, cpus))
         engine = self.wired.engine
         create_app(  # (bound to no port: the app gives the jobs its routes' functions)
-            engine, self.wired.control, self.wired.metrics, self.wired.keys, self.wired.limits,
+            engine, self.wired.control, self.wired.metrics, self.wired.keys, self.wired.http,
             self.wired.jobs,
         )  # fmt: skip
         assert self.wired.jobs.dispatch is not None

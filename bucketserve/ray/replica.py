@@ -60,7 +60,7 @@ class Replica:
 
     def __serve_build_asgi_app__(self) -> Any:
         wired = self.wired
-        return create_app(wired.engine, wired.control, wired.metrics, wired.keys, wired.limits)
+        return create_app(wired.engine, wired.control, wired.metrics, wired.keys, wired.http)
 
     def check_health(self) -> None:
         """Raises (Ray replaces the replica) once the engine cannot take traffic."""

@@ -1,5 +1,6 @@
 """The gRPC listener, HTTP's equal on its own port: started by the process after the engine,
-drained after it. Imports the service below it, and the parts the process hands it.
+drained after it, where the process's options say (`GrpcOptions`: its address, limits and
+tracing). Imports the service below it, and the parts the process hands it.
 
 A message is at most `--max-body-bytes` (the HTTP body limit): past it, gRPC itself answers
 RESOURCE_EXHAUSTED before the service sees a byte. Answers have no size limit of their own
@@ -17,7 +18,7 @@ from bucketserve.control import Control
 from bucketserve.core.engine import Engine
 from bucketserve.edges.auth import ApiKeys
 from bucketserve.edges.grpc.service import InferenceService
-from bucketserve.edges.limits import Limits
+from bucketserve.edges.options import GrpcOptions
 from bucketserve.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -32,13 +33,12 @@ class GrpcListener:
         control: Control,
         metrics: Metrics,
         keys: ApiKeys,
-        limits: Limits | None = None,
+        options: GrpcOptions,
     ) -> None:
-        """`limits`: what a request may hold (the process's; default: the engine's settings')."""
-        settings = engine.settings
-        self.service = InferenceService(engine, metrics, keys, control)
-        self.address = f"{settings.host}:{settings.grpc_port}"
-        self.max_message_bytes = (limits or Limits.of(settings)).max_body_bytes
+        """`options`: the process's (`process.wiring.grpc_options`)."""
+        self.service = InferenceService(engine, metrics, keys, control, options.tracing)
+        self.address = options.address
+        self.max_message_bytes = options.limits.max_body_bytes
         self._server: grpc.aio.Server | None = None
 
     async def start(self) -> None:

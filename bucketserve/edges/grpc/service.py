@@ -33,7 +33,7 @@ from bucketserve.control import Control
 from bucketserve.core.calls import OFF_LOOP_BYTES
 from bucketserve.core.engine import Engine
 from bucketserve.core.model import Model
-from bucketserve.edges import kserve
+from bucketserve.edges import headers, kserve
 from bucketserve.edges.auth import OPEN_METHODS, ApiKeys
 from bucketserve.edges.failures import CLIENT_CLOSED, Failures
 from bucketserve.edges.grpc.decoding import decode_request
@@ -41,8 +41,8 @@ from bucketserve.edges.grpc.messages import DATA_TYPES, MESSAGE_CLASSES, METHODS
 from bucketserve.edges.kserve import metadata
 from bucketserve.edges.tensors import DATATYPE_OF, little_endian
 from bucketserve.errors import Forbidden, MalformedRequest, brief
-from bucketserve.logs import request_id
 from bucketserve.metrics import Metrics
+from bucketserve.tracing import Tracing
 
 STATUS_CODES = {  # HTTP status of our error -> the gRPC code Triton answers such a request with
     400: grpc.StatusCode.INVALID_ARGUMENT,
@@ -55,8 +55,6 @@ STATUS_CODES = {  # HTTP status of our error -> the gRPC code Triton answers suc
 }
 CODES = {Forbidden.code: grpc.StatusCode.PERMISSION_DENIED}  # (where a status says too little)
 INTERNAL = grpc.StatusCode.INTERNAL
-REQUEST_ID = "x-request-id"  # metadata, as the HTTP header
-PRIORITY = "x-priority"  # metadata, as the HTTP header (Triton's `priority` parameter first)
 AUTHORIZATION = "authorization"  # metadata: `Bearer <key>`, as the HTTP header
 
 Message = Any  # the classes of `messages` are made at run time
@@ -97,8 +95,11 @@ class InferenceService:
         metrics: Metrics,
         keys: ApiKeys | None = None,
         control: Control | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
+        """`tracing`: the process's (default: off)."""
         self.engine = engine
+        self.tracing = tracing or Tracing()
         self.control = control or Control(engine, None)
         self.metrics = metrics
         self.failures = Failures(metrics)
@@ -185,15 +186,15 @@ class InferenceService:
         deadline_ms = None if remaining is None else remaining * 1000
         entries = CALL_METADATA.get()
         metadata = dict(entries)
-        metadata_id = metadata.get(REQUEST_ID)
+        metadata_id = metadata.get(headers.REQUEST_ID)
         given = metadata_id if isinstance(metadata_id, str) else request.id
-        level = metadata.get(PRIORITY)
+        level = metadata.get(headers.PRIORITY)  # (Triton's `priority` parameter first)
         answer, tensors = await kserve.infer(
             self.engine,
             decoded,
-            request_id(given),
+            headers.request_id(given),
             [deadline_ms],
-            None if level is None else kserve.level_of(level, PRIORITY),
+            None if level is None else headers.priority_level(level, headers.PRIORITY),
             self._tenant(entries),
         )
         model = answer.model
@@ -224,7 +225,7 @@ class InferenceService:
                 (k.lower(), v) for k, v in context.invocation_metadata() or () if isinstance(v, str)
             )
             CALL_METADATA.set(entries)  # (read by the handler: walked once a call)
-            with self.engine.tracing.request(route, dict(entries)) as span:
+            with self.tracing.request(route, dict(entries)) as span:
                 return await answer(requests, context, entries, span)
 
         async def answer(

@@ -5,9 +5,11 @@ the middleware (`context`, and `guard` when the server has an API key); errors a
 here, as `edges.failures` rules for both protocols, in the form of the route they came in on
 (`routes.form_of`).
 
-`create_app(engine, control, metrics, keys)`: the app serves what the process (or a test)
-built and runs; it loads nothing and starts nothing. Imports the routes beside it, the core's
-engine, model control, the API keys and the rule for failures (`edges.failures`).
+`create_app(engine, control, metrics, keys, options)`: the app serves what the process (or a
+test) built and runs, as the process's options say (`edges.options`: limits, tracing, the
+docs page); it loads nothing, starts nothing and reads no settings. Imports the routes beside
+it, the core's engine, model control, the API keys and the rule for failures
+(`edges.failures`).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from bucketserve.edges.http.common import (
 from bucketserve.edges.http.context import RequestContext
 from bucketserve.edges.http.guard import RequireKey
 from bucketserve.edges.http.inprocess import Endpoint, InProcess
-from bucketserve.edges.limits import Limits
+from bucketserve.edges.options import HttpOptions
 from bucketserve.errors import BucketserveError, InvalidInput
 from bucketserve.jobs.jobs import Jobs
 from bucketserve.metrics import Metrics
@@ -64,17 +66,16 @@ def create_app(
     control: Control | None = None,
     metrics: Metrics | None = None,
     keys: ApiKeys | None = None,
-    limits: Limits | None = None,
+    options: HttpOptions | None = None,
     jobs: Jobs | None = None,
 ) -> FastAPI:
     """The app over `engine`; `control`: model control (default: off); `metrics`: where
     requests are counted (the process's, shared with gRPC); `keys`: the API keys required
-    (default: none); `limits`: what a request may hold (the process's; default: from the
-    engine's settings); `jobs`: the bulk jobs, which the app runs (default: off)."""
+    (default: none); `options`: the process's for HTTP (default: the default settings');
+    `jobs`: the bulk jobs, which the app runs (default: off)."""
     metrics = metrics or Metrics()
     keys = keys or ApiKeys(())
-    limits = limits or Limits.of(engine.settings)
-    settings = engine.settings
+    options = options or HttpOptions()
     app = FastAPI(
         title=NAME,
         version=VERSION,
@@ -86,7 +87,7 @@ def create_app(
     app.state.control = control or Control(engine, None)
     app.state.metrics = metrics
     app.state.keys = keys
-    app.state.limits = limits
+    app.state.options = options
     app.state.jobs = jobs
     dialects = APIRouter()  # (the vendors' APIs, each path once, from the table's rows)
     table.register(dialects, routes.ROWS)
@@ -97,8 +98,8 @@ def create_app(
     versions = [str(model.info.version) for model in registry.models.values()]
     names = [*registry.models, *registry.failed, *registry.aliases]
     exact = table.exact_names(routes.ROWS)
-    contract.describe_server(app, names, versions, limits.max_sequences, exact)
-    if settings.docs:
+    contract.describe_server(app, names, versions, options.limits.max_sequences, exact)
+    if options.docs:
         contract.serve_docs(app, keys.required)
 
     @app.get(
@@ -158,6 +159,6 @@ def create_app(
         RequestContext,
         metrics=metrics,
         draining=lambda: engine.draining,
-        tracing=engine.tracing,
+        tracing=options.tracing,
     )
     return app

@@ -10,9 +10,8 @@ model that stood in).
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -32,7 +31,6 @@ from bucketserve.edges.http.common import (
 from bucketserve.edges.http.dialects import Dialect, errors
 from bucketserve.edges.http.schemas import Lenient, inlined, validate
 from bucketserve.edges.limits import Budget
-from bucketserve.errors import BucketserveError
 from bucketserve.logs import Throttled
 
 log = logging.getLogger(__name__)
@@ -64,7 +62,8 @@ class Codec(Generic[B]):
     about: str | None = None  # its operation's description
     answers: type[BaseModel] | None = None  # the documented answer (a 200's schema)
     budget: Callable[[Request], Budget] | None = None  # its body's (None: `Limits.json`)
-    blames: str | None = None  # the field a client's error from the engine is about
+    # The field a client's error from the engine that names none is about (`about`)
+    blames: str | None = None
 
 
 @dataclass(frozen=True)
@@ -116,18 +115,6 @@ def said_ignored(request: Request, fields: list[str]) -> None:
     shown = ", ".join(ascii(f[:32]) for f in fields[:8]) + (", ..." if len(fields) > 8 else "")
     note(request, IGNORED, shown)
     _throttled.log(logging.INFO, "ignored", "%s: ignored fields %s", request.url.path, shown)
-
-
-@contextlib.contextmanager
-def blamed(param: str | None) -> Iterator[None]:
-    """A client's error raised inside is about the request's field `param` (unless it names
-    its own, or `param` is None): OpenAI's `param`."""
-    try:
-        yield
-    except BucketserveError as exc:
-        if param is not None and exc.status < 500 and exc.param is None:
-            exc.param = param
-        raise
 
 
 R = TypeVar("R", bound=Callable[..., Any])

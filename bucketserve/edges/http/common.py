@@ -20,11 +20,12 @@ from starlette.requests import ClientDisconnect
 from bucketserve.control import Control
 from bucketserve.core.calls import OFF_LOOP_BYTES, Answer, Call
 from bucketserve.core.engine import Engine
+from bucketserve.edges import headers
 from bucketserve.edges.auth import ApiKeys
 from bucketserve.edges.http.context import BULK, NOTES
 from bucketserve.edges.http.dialects import Form
-from bucketserve.edges.kserve import level_of
 from bucketserve.edges.limits import Budget, Limits
+from bucketserve.edges.options import HttpOptions
 from bucketserve.errors import (
     BucketserveError,
     MalformedRequest,
@@ -35,8 +36,6 @@ from bucketserve.errors import (
 
 T = TypeVar("T")
 
-TIMEOUT_HEADER = "x-request-timeout-ms"
-PRIORITY_HEADER = "x-priority"
 JSON = "application/json"
 BINARY = "application/octet-stream"
 # A scope's extension: the error the connection refused a request's body with (`connections`),
@@ -76,9 +75,14 @@ def engine_of(request: Request) -> Engine:
     return engine
 
 
+def options_of(request: Request) -> HttpOptions:
+    """What the process told the HTTP edge (`edges.options`)."""
+    options: HttpOptions = request.app.state.options
+    return options
+
+
 def limits_of(request: Request) -> Limits:
-    limits: Limits = request.app.state.limits
-    return limits
+    return options_of(request).limits
 
 
 def control_of(request: Request) -> Control:
@@ -255,10 +259,10 @@ def request_priority(request: Request, given: int | None = None) -> int | None:
     """The request's priority level: the body's (`given`), else X-Priority's, else None."""
     if given is not None:
         return given
-    raw = request.headers.get(PRIORITY_HEADER)
+    raw = request.headers.get(headers.PRIORITY)
     if raw is None:
         return None
-    return level_of(raw, "X-Priority")
+    return headers.priority_level(raw, "X-Priority")
 
 
 def bulk_job(request: Request) -> str | None:
@@ -295,16 +299,8 @@ def completed(request: Request, call: Call, stand_in: bool) -> Call:
 
 
 def request_timeout_ms(request: Request) -> float | None:
-    raw = request.headers.get(TIMEOUT_HEADER)
-    if raw is None:
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        raise MalformedRequest(f"X-Request-Timeout-Ms must be a number, got {raw!r}") from None
-    if not np.isfinite(value) or value <= 0:
-        raise MalformedRequest("X-Request-Timeout-Ms must be a positive number")
-    return value
+    """The request's own deadline, its X-Request-Timeout-Ms (`headers.timeout_ms`)."""
+    return headers.timeout_ms(request.headers.get(headers.TIMEOUT))
 
 
 async def _disconnected(request: Request) -> None:

@@ -16,11 +16,11 @@ from collections.abc import Callable
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from bucketserve.logs import request_id as new_request_id
+from bucketserve.edges.headers import REQUEST_ID
+from bucketserve.edges.headers import request_id as new_request_id
 from bucketserve.metrics import Metrics
 from bucketserve.tracing import Tracing
 
-REQUEST_ID = "x-request-id"
 # A request state's key: the headers a route noted for its answer (`common.note`).
 NOTES = "notes"
 # A scope's extension: the tenant of the bulk job a request is a line of (`jobs`). Set only by

@@ -17,7 +17,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 
-from bucketserve.edges.http.codec import Codec, Page, blamed, documented_body, said_stand_in
+from bucketserve.edges.http.codec import Codec, Page, documented_body, said_stand_in
 from bucketserve.edges.http.common import (
     answer_of,
     completed,
@@ -144,8 +144,12 @@ async def answered(request: Request, route: Route) -> Response:
     codec = route.codec
     body: Any = await codec.read(request)
     call = completed(request, codec.call(request, body), route.dialect.names_are_hints)
-    with blamed(codec.blames):
+    try:
         answer = await answer_of(request, call)
+    except BucketserveError as exc:  # (about the call's inputs, where the codec says so)
+        if codec.blames is None or exc.param is not None or exc.status >= 500:
+            raise
+        raise exc.about(codec.blames) from None
     said_stand_in(request, answer)
     return json_response(codec.answer(request, body, answer))
 

@@ -33,7 +33,13 @@ from bucketserve.core.tasks.embedding import (
 )
 from bucketserve.edges.http.bodies import LONG_INPUTS, PROMPT_CUT, LongInputs, PromptCut
 from bucketserve.edges.http.codec import Codec, Page, said_ignored
-from bucketserve.edges.http.common import engine_of, json_response, limits_of, read_json
+from bucketserve.edges.http.common import (
+    engine_of,
+    json_response,
+    limits_of,
+    options_of,
+    read_json,
+)
 from bucketserve.edges.http.schemas import Count, Integer, Lenient, is_integer
 from bucketserve.errors import InvalidInput, MalformedRequest
 
@@ -169,9 +175,7 @@ def read_embeddings(body: Any, wire_bytes: int = 0) -> EmbeddingsBody:
     except ValidationError as exc:
         first = exc.errors()[0]
         field = str(first["loc"][0])[:32] if first["loc"] else None
-        error = MalformedRequest(f"{field or 'body'}: {first['msg']}")
-        error.param = field
-        raise error from None
+        raise MalformedRequest(f"{field or 'body'}: {first['msg']}", param=field) from None
 
 
 def call_parts(body: EmbeddingsBody, wire_bytes: int, own_ids: bool) -> tuple[Inputs, Head]:
@@ -224,7 +228,7 @@ async def embeddings_read(request: Request) -> EmbeddingsBody:
 
 
 def embeddings_call(request: Request, body: EmbeddingsBody) -> Call:
-    own_ids = engine_of(request).settings.openai_token_ids
+    own_ids = options_of(request).openai_token_ids
     inputs, head = call_parts(body, request.state.body_bytes, own_ids)
     return Call(inputs, body.model, head=head)
 
