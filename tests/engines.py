@@ -22,7 +22,7 @@ from bucketserve.jobs.jobs import Jobs
 from bucketserve.loading import ModelSpec, load_engine, load_model_spec
 from bucketserve.loading.layouts import layout_of
 from bucketserve.metrics import Metrics
-from bucketserve.process.wiring import api_keys, http_options, running
+from bucketserve.process.wiring import api_keys, dispatch, http_options, running
 from bucketserve.runtime.sessions import own_pools_allowed, run_all
 from bucketserve.settings import Settings
 from modelgen.save import save_model
@@ -62,13 +62,19 @@ async def serving(
 ) -> AsyncIterator[httpx.AsyncClient]:
     """The app around `engine` (and `control`), wired and running as the process runs them
     (the API keys and HTTP's options from the engine's settings, its tracing; bulk jobs where
-    its settings name a jobs directory), and a client talking to it in-process."""
+    its settings name a jobs directory, their lines sent by the process's dispatch), and a
+    client talking to it in-process."""
     settings = engine.settings
     control = control or Control(engine, None)
     keys = api_keys(settings)
     metrics = Metrics(keys.tenants | set(settings.weights()))
-    jobs = None if settings.jobs_dir is None else Jobs(settings.jobs_dir, engine, metrics, settings)
     options = http_options(settings, engine.tracing)
+    bulk = dispatch(engine, options, keys, metrics)
+    jobs = (
+        None
+        if settings.jobs_dir is None
+        else Jobs(settings.jobs_dir, engine, metrics, settings, bulk)
+    )
     app = create_app(engine, control, metrics, keys, options, jobs=jobs)
     async with running(engine, control, metrics, jobs):
         transport = httpx.ASGITransport(app=app)

@@ -736,7 +736,7 @@ def test_a_plan_of_an_earlier_version_is_read_by_its_line_numbers(tmp_path: Path
 
 def test_every_endpoint_a_batch_may_run_is_a_route_that_takes_a_post(models: Path) -> None:
     from bucketserve.edges.http.app import create_app
-    from bucketserve.jobs.lines import ENDPOINTS
+    from bucketserve.edges.http.routes import ENDPOINTS
 
     paths = create_app(load_engine(Settings(models=models))).openapi()["paths"]
     assert [e for e in ENDPOINTS if "post" not in paths.get(e, {})] == []

@@ -115,6 +115,11 @@ PLANTS = {
         "bucketserve/edges/grpc/listener.py",
         "from bucketserve.settings import Settings",
     ),
+    "app-wires-bulk": (
+        "bucketserve/edges/http/app.py",
+        "from bucketserve.edges.http.inprocess import InProcess",
+    ),
+    "bulk-builds-an-app": ("bucketserve/ray/data.py", "from bucketserve.edges.http import app"),
     "api-past-the-table": (
         "bucketserve/edges/http/app.py",
         "from bucketserve.edges.http.apis import openai",

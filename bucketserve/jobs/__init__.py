@@ -7,6 +7,7 @@ plain files for the data, a `reserve` of room for recording ends); `lines` reads
 file and refuses it whole where OpenAI does, keeping where each request lies; `ordering`
 orders the requests by length and `plan` keeps that order on disk; `runner` reads each
 request from the file and sends it, in that order and at the bulk level, through the one
-request path (a `Dispatch`: its route's function, in process), and `writer` writes the
-answers back in checkpoints; `jobs` starts, resumes, cancels and stops the runners.
+request path (`sender`: a `Dispatch`, its route's function in process, which the process
+makes; the one rule of sending again while the server has no room), and `writer` writes
+the answers back in checkpoints; `jobs` starts, resumes, cancels and stops the runners.
 """

@@ -23,8 +23,8 @@ from bucketserve.errors import (
     QuotaExceeded,
     Unavailable,
 )
-from bucketserve.jobs.lines import ENDPOINTS
-from bucketserve.jobs.runner import FINAL, Dispatch, Runner
+from bucketserve.jobs.runner import FINAL, Runner
+from bucketserve.jobs.sender import Dispatch
 from bucketserve.jobs.store import BatchRecord, FileRecord, Store, new_id, now
 from bucketserve.metrics import Metrics
 from bucketserve.settings import Settings
@@ -35,20 +35,20 @@ WINDOW_S = {"24h": 24 * 3600}  # OpenAI's completion windows: the one it offers
 
 
 class Jobs:
-    def __init__(self, root: Path, engine: Engine, metrics: Metrics, settings: Settings) -> None:
+    def __init__(
+        self, root: Path, engine: Engine, metrics: Metrics, settings: Settings, dispatch: Dispatch
+    ) -> None:
+        """`dispatch`: the routes a batch's lines are sent to, in process (the process's)."""
         self.store, self.engine, self.metrics = Store(root), engine, metrics
         self.max_file_bytes = int(settings.max_file_mb * 2**20)
         self.max_files, self.max_jobs = settings.max_files, settings.max_jobs
-        self.dispatch: Dispatch | None = None  # the routes in process, once the app exists
+        self.dispatch = dispatch
         self._runners: dict[str, tuple[Runner, asyncio.Task[None]]] = {}
         self._counted = False
         # Quotas are counted and taken as one step, under this lock: each upload being
         # written holds a slot of its tenant's (its path here), until kept or given up.
         self._owning = threading.Lock()
         self._uploading: dict[Path, str] = {}
-
-    def attach(self, dispatch: Dispatch) -> None:
-        self.dispatch = dispatch
 
     def _open(self) -> None:
         """The store taken, and its batches counted in the metrics, once."""
@@ -83,7 +83,6 @@ class Jobs:
         self.store.close()
 
     def _start(self, batch_id: str) -> None:
-        assert self.dispatch is not None
         runner = Runner(self.store, batch_id, self.engine, self.dispatch, self.metrics)
         task = asyncio.create_task(runner.run(), name=f"batch {batch_id}")
         self._runners[batch_id] = (runner, task)
@@ -182,9 +181,10 @@ class Jobs:
         window: str,
         metadata: dict[str, str] | None,
     ) -> BatchRecord:
-        if endpoint not in ENDPOINTS:
+        endpoints = self.dispatch.paths  # (the routes marked so, where they are declared)
+        if endpoint not in endpoints:
             raise InvalidInput(
-                f"endpoint {endpoint!r}: a batch runs one of {', '.join(ENDPOINTS)}",
+                f"endpoint {endpoint!r}: a batch runs one of {', '.join(endpoints)}",
                 param="endpoint",
             )
         if window not in WINDOW_S:

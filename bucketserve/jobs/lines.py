@@ -27,12 +27,6 @@ from bucketserve.core.engine import Engine
 from bucketserve.core.model import Model
 from bucketserve.errors import BucketserveError
 
-# The routes a batch may run, each with the bodies it takes online
-ENDPOINTS = (
-    "/v1/embeddings", "/embeddings", "/v1/rerank", "/rerank", "/v2/rerank", "/v1/embed",
-    "/v2/embed", "/classify", "/classify_tokens", "/embed", "/embed_all", "/embed_sparse",
-    "/v1/score", "/score", "/predict",
-)  # fmt: skip
 MAX_ERRORS = 100  # of a refused file's lines, the first this many are named
 
 

@@ -1,14 +1,14 @@
 """One batch, from its input file to its output files: read and checked (`lines`), ordered by
 length (`ordering`) into its plan (`plan`), then each line read from the file and sent
-through the one request path (`Dispatch`: the application in process, at the bulk level)
+through the one request path (`sender.Dispatch`: the routes in process, at the bulk level)
 with a bounded number in flight, and answered back in the order's prefix: the answers of
 the first `done` lines of the order are in the first bytes of the output and error files
 that the last checkpoint names. A restart truncates both files to their checkpoint and goes
 on from `done`, so each line is answered exactly once.
 
-A line the server could not take now (503: a queue full, or 504) is sent again later: bulk
-work waits for room, it is never refused for the lack of it. Any other answer is the line's:
-2xx in the output file, the rest in the error file, as OpenAI's are.
+A line the server could not take now (503: a queue full, or 504) is sent again later, by the
+rule of all bulk work (`sender.send`). Any other answer is the line's: 2xx in the output
+file, the rest in the error file, as OpenAI's are.
 
 A batch always ends: any write that fails (a full disk, a read-only one, a quota) fails it
 with `output_unwritable`, what its last checkpoint holds kept as its output, and its end is
@@ -22,9 +22,9 @@ import hashlib
 import logging
 import shutil
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol
+from typing import Any
 
 import numpy as np
 import orjson
@@ -32,6 +32,7 @@ import orjson
 from bucketserve.core.engine import Engine
 from bucketserve.jobs import lines, ordering
 from bucketserve.jobs.plan import Plan, read_plan, write_plan
+from bucketserve.jobs.sender import IN_FLIGHT, Dispatch, Reply, send
 from bucketserve.jobs.store import BatchRecord, Store, now
 from bucketserve.jobs.writer import Answered, JobFailed, Writer
 from bucketserve.metrics import JOB_TENANT, Metrics
@@ -40,25 +41,7 @@ from bucketserve.runtime.sessions import return_freed_memory
 log = logging.getLogger(__name__)
 
 CHECKPOINT_S = 1.0  # answers are made durable at least this often
-IN_FLIGHT = 64  # lines sent at once: two of a long bucket's batches, in order of length
-RETRY_S = (0.05, 2.0)  # a line the server had no room for: first wait, longest wait
-RETRIED = (503, 504)
 FINAL = ("completed", "failed", "expired", "cancelled")
-
-
-class Reply(NamedTuple):
-    """A route's answer to one line: its status and body, and the fingerprint of the model
-    version that answered (None where none ran: a body refused before the model)."""
-
-    status: int
-    body: bytes
-    fingerprint: str | None = None
-
-
-class Dispatch(Protocol):
-    def __call__(
-        self, path: str, body: bytes, tenant: str, request_id: str
-    ) -> Awaitable[Reply]: ...
 
 
 class Runner:
@@ -243,6 +226,9 @@ class Runner:
                 await writer.checkpoint(self.store, self.batch_id)
                 last = time.monotonic()
 
+    def _stopping(self) -> bool:
+        return self._cancel.is_set() or self._stop.is_set()
+
     def _halted(self, record: BatchRecord) -> bool:
         return self._cancel.is_set() or self._stop.is_set() or self._expired(record)
 
@@ -253,16 +239,10 @@ class Runner:
         self, endpoint: str, custom_id: str, body: bytes, tenant: str
     ) -> Answered | None:
         """The line's answer (None: stopped before the server had room for it)."""
-        wait = RETRY_S[0]
         request_id = line_id(self.batch_id, custom_id)  # (the line's, in the log too)
-        while True:
-            reply = await self.dispatch(endpoint, body, tenant, request_id)
-            if reply.status not in RETRIED:
-                break
-            if self._cancel.is_set() or self._stop.is_set():
-                return None
-            await asyncio.sleep(wait)
-            wait = min(wait * 2, RETRY_S[1])
+        reply = await send(self.dispatch, endpoint, body, tenant, request_id, self._stopping)
+        if reply is None:
+            return None
         if reply.status == 404 and not self._model_served():
             name = self.record.object.get("model")
             raise JobFailed(

@@ -1,8 +1,9 @@
 """`bucketserve batch run IN --out OUT`: a bulk job without a server. The repository is loaded
-as `serve` loads it, the application built but bound to no port, and the file run as one
-batch of the Batch API, by the same runner (`bucketserve.jobs`), its state kept beside the
-output (`OUT.partial/`) so that a run cut short (Ctrl-C, a kill, a power cut) goes on where
-its last checkpoint stands when started again with the same arguments.
+as `serve` loads it, and the file run as one batch of the Batch API by the same runner
+(`bucketserve.jobs`), through the routes in process that the process wires (no application
+is built), its state kept beside the output (`OUT.partial/`) so that a run cut short
+(Ctrl-C, a kill, a power cut) goes on where its last checkpoint stands when started again
+with the same arguments.
 
 IN is a Batch API file (`.jsonl`: OpenAI's request lines), a plain file of texts (one a line,
 each embedded, its line number its `custom_id`), or a column of a parquet file (`--column`).
@@ -26,7 +27,6 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from bucketserve.edges.http.app import create_app
 from bucketserve.errors import BucketserveError
 from bucketserve.jobs.runner import FINAL
 from bucketserve.jobs.store import BatchRecord
@@ -65,8 +65,6 @@ def run_batch(
     partial.mkdir(exist_ok=True)
     (partial / RUN_FILE).write_bytes(this.dumps())
     wired = wire(dataclasses.replace(settings, jobs_dir=partial))
-    # (the application the lines run through, bound to no port: it attaches to the jobs)
-    create_app(wired.engine, wired.control, wired.metrics, wired.keys, wired.http, wired.jobs)
     try:
         record = asyncio.run(_run(wired, source, endpoint, lines))
     except BucketserveError as exc:

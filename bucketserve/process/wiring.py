@@ -2,9 +2,11 @@
 over the repository's registry (with the tenants' shares), model control with the repository's
 loader, the metrics, the tracing, the API keys (which name the tenants) and each protocol's
 options (`edges.options`: what a request may hold, the tracing, HTTP's docs page and OpenAI's
-token ids, gRPC's address): the edges read no settings. `running` runs what must run while
-serving. Imports load time, control, the core, metrics, tracing, the API keys and the
-options; never a protocol.
+token ids, gRPC's address): the edges read no settings. Bulk work too: the HTTP routes in
+process (`dispatch`: no application is built for it), handed to the jobs, `batch run` and
+Ray Data. `running` runs what must run while serving. Imports load time, control, the core,
+metrics, tracing, the API keys, the options and HTTP's in-process dispatch; never a
+listener.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from bucketserve.control import Control
 from bucketserve.core.engine import Engine
 from bucketserve.core.shares import Shares
 from bucketserve.edges.auth import ApiKeys
+from bucketserve.edges.failures import Failures
+from bucketserve.edges.http.inprocess import InProcess
 from bucketserve.edges.limits import Limits
 from bucketserve.edges.options import GrpcOptions, HttpOptions
 from bucketserve.jobs.jobs import Jobs
@@ -38,7 +42,8 @@ class Wired:
     keys: ApiKeys
     http: HttpOptions  # HTTP's options (what one request may hold is every protocol's)
     grpc: GrpcOptions | None  # gRPC's (None: no --grpc-port)
-    jobs: Jobs  # bulk jobs, run by the HTTP app (which attaches itself to them)
+    dispatch: InProcess  # the HTTP routes in process, for bulk work (the jobs', Ray Data's)
+    jobs: Jobs  # bulk jobs, their lines sent by `dispatch`
 
 
 def wire(settings: Settings) -> Wired:
@@ -57,11 +62,17 @@ def wire(settings: Settings) -> Wired:
         interval_s=settings.poll_interval_s,
     )
     metrics = Metrics(keys.tenants | set(weights))
-    jobs = Jobs(settings.jobs_dir or default_jobs_dir(), engine, metrics, settings)
+    http = http_options(settings, tracing)
     grpc = None if settings.grpc_port is None else grpc_options(settings, tracing)
-    return Wired(
-        settings, engine, control, metrics, keys, http_options(settings, tracing), grpc, jobs
-    )
+    bulk = dispatch(engine, http, keys, metrics)
+    jobs = Jobs(settings.jobs_dir or default_jobs_dir(), engine, metrics, settings, bulk)
+    return Wired(settings, engine, control, metrics, keys, http, grpc, bulk, jobs)
+
+
+def dispatch(engine: Engine, options: HttpOptions, keys: ApiKeys, metrics: Metrics) -> InProcess:
+    """The HTTP routes a batch may run, in process, over these parts: a failure answered,
+    counted and logged by the rule HTTP's are (`edges.failures`)."""
+    return InProcess(engine, options, keys, Failures(metrics).settle)
 
 
 def api_keys(settings: Settings) -> ApiKeys:

@@ -8,11 +8,11 @@ progress, retries and output writers:
 
 Each actor is one engine over the repository, as a replica is (`process.wiring`), running on
 its own event loop thread. Each block's texts are tokenised once, sorted by length, and sent
-in that order, 64 at a time, as a bulk job's lines are (`bucketserve.jobs`): each is a
-`/v1/embeddings` request given to that route's own function, at the bulk level, so every
-vector equals the server's answer for that text. A text the route refuses (empty, or too long
-where auto_truncate is off) gets NaNs and its error in the `error` column; the others are
-unaffected.
+in that order, 64 at a time, as a bulk job's lines are (`bucketserve.jobs.sender`): each is
+a `/v1/embeddings` request given to that route's own function by the process's in-process
+dispatch, at the bulk level, so every vector equals the server's answer for that text. A
+text the route refuses (empty, or too long where auto_truncate is off) gets NaNs and its
+error in the `error` column; the others are unaffected.
 """
 
 from __future__ import annotations
@@ -28,9 +28,8 @@ import orjson
 import ray
 
 from bucketserve.core.task import Task
-from bucketserve.edges.http.app import create_app
 from bucketserve.jobs import ordering
-from bucketserve.jobs.runner import IN_FLIGHT, RETRIED, RETRY_S, Dispatch
+from bucketserve.jobs.sender import IN_FLIGHT, send
 from bucketserve.process.wiring import running, wire
 from bucketserve.ray.options import read_settings
 
@@ -55,12 +54,7 @@ class Embed:
         cpus = ray.get_runtime_context().get_assigned_resources().get("CPU")  # type: ignore[no-untyped-call]
         self.wired = wire(read_settings({"models": str(models), **settings}, cpus))
         engine = self.wired.engine
-        create_app(  # (bound to no port: the app gives the jobs its routes' functions)
-            engine, self.wired.control, self.wired.metrics, self.wired.keys, self.wired.http,
-            self.wired.jobs,
-        )  # fmt: skip
-        assert self.wired.jobs.dispatch is not None
-        self.dispatch: Dispatch = self.wired.jobs.dispatch
+        self.dispatch = self.wired.dispatch  # (the routes in process, as a batch's lines go)
         self.embedder = engine.model(model, task=Task.EMBED)
         rule = self.embedder.info.rule(Task.EMBED)
         self.width = rule.width if rule is not None else 0
@@ -99,14 +93,10 @@ class Embed:
         return answers
 
     async def _answer(self, body: bytes, i: int) -> tuple[int, bytes]:
-        """The route's answer; sent again while the engine has no room for it (503/504)."""
-        wait = RETRY_S[0]
-        while True:
-            reply = await self.dispatch(ROUTE, body, TENANT, f"embed-{i}")
-            if reply.status not in RETRIED:
-                return reply.status, reply.body
-            await asyncio.sleep(wait)
-            wait = min(wait * 2, RETRY_S[1])
+        """The route's answer; sent again while the engine has no room for it (`send`)."""
+        reply = await send(self.dispatch, ROUTE, body, TENANT, f"embed-{i}")
+        assert reply is not None  # (never halted)
+        return reply.status, reply.body
 
     def _on_loop(self, work: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(work, self._loop).result()

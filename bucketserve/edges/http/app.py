@@ -17,7 +17,6 @@ from __future__ import annotations
 from fastapi import APIRouter, FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import PlainTextResponse
-from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException
 
 from bucketserve.about import NAME, VERSION
@@ -34,7 +33,6 @@ from bucketserve.edges.http.common import (
 )
 from bucketserve.edges.http.context import RequestContext
 from bucketserve.edges.http.guard import RequireKey
-from bucketserve.edges.http.inprocess import Endpoint, InProcess
 from bucketserve.edges.options import HttpOptions
 from bucketserve.errors import BucketserveError, InvalidInput
 from bucketserve.jobs.jobs import Jobs
@@ -50,17 +48,6 @@ class RoutingError(BucketserveError):
         self.code = code
 
 
-def post_endpoints(routers: list[APIRouter]) -> dict[str, Endpoint]:
-    """Each POST path's route function, as the application picks it (the first router to
-    declare a path has it)."""
-    found: dict[str, Endpoint] = {}
-    for router in routers:
-        for route in router.routes:
-            if isinstance(route, APIRoute) and "POST" in (route.methods or ()):
-                found.setdefault(route.path, route.endpoint)
-    return found
-
-
 def create_app(
     engine: Engine,
     control: Control | None = None,
@@ -72,7 +59,8 @@ def create_app(
     """The app over `engine`; `control`: model control (default: off); `metrics`: where
     requests are counted (the process's, shared with gRPC); `keys`: the API keys required
     (default: none); `options`: the process's for HTTP (default: the default settings');
-    `jobs`: the bulk jobs, which the app runs (default: off)."""
+    `jobs`: the bulk jobs, whose files and batches the app serves (default: off; the
+    process runs them)."""
     metrics = metrics or Metrics()
     keys = keys or ApiKeys(())
     options = options or HttpOptions()
@@ -91,8 +79,7 @@ def create_app(
     app.state.jobs = jobs
     dialects = APIRouter()  # (the vendors' APIs, each path once, from the table's rows)
     table.register(dialects, routes.ROWS)
-    routers = [kserve_routes.router, dialects, batch_api.router]
-    for router in routers:
+    for router in (kserve_routes.router, dialects, batch_api.router):
         app.include_router(router)
     registry = engine.registry
     versions = [str(model.info.version) for model in registry.models.values()]
@@ -112,8 +99,6 @@ def create_app(
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     failures = Failures(metrics)  # (what is answered, counted and logged: one rule)
-    if jobs is not None:  # (a job's lines go to the routes' own functions, as a path picks)
-        jobs.attach(InProcess(app, post_endpoints(routers), failures.settle))
 
     def settled(request: Request, raised: BaseException) -> Response:
         where = f"{request.method} {request.url.path}"

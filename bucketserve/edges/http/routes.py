@@ -19,8 +19,9 @@ nowhere else:
   token-classification body (Hugging Face's `parameters` of that task), else what the model
   does: embed, sparse weights, its tokens' labels or its labels.
 
-Every path's dialect answers its errors (`form_of`), paths of no row by their prefix. A new
-vendor's API is its module in `apis` and its rows here; only this module imports `apis`.
+Every path's dialect answers its errors (`form_of`), paths of no row by their prefix; a
+path's row says whether a batch may run it (`batch`, `ENDPOINTS`). A new vendor's API is its
+module in `apis` and its rows here; only this module imports `apis`.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from bucketserve.edges.http.apis import cohere, openai, pooling, predict, tasks,
 from bucketserve.edges.http.codec import Codec
 from bucketserve.edges.http.common import engine_of
 from bucketserve.edges.http.dialects import BARE, HOSTED, HOSTED_BY_MANY, OWN, Dialect, Form
-from bucketserve.edges.http.table import Get, Misread, Path, Route, Row, When, always
+from bucketserve.edges.http.table import Get, Misread, Path, Route, Row, When, always, batchable
 from bucketserve.errors import BucketserveError, MalformedRequest, TaskNotServed
 
 SHARED = "Shared paths"  # the tag of a path several servers' bodies share
@@ -185,14 +186,16 @@ ROOT_ABOUT = "The model's own task, as TEI's root serves it."
 # -- the table ---------------------------------------------------------------------------------
 
 
-def rerank_at(path: str) -> Path:
+def rerank_at(path: str, batch: int) -> Path:
     summary = f"Rerank documents against a query (Cohere's and Jina's shape), at {path}"
-    return Path(path, summary, cohere_rerank(HOSTED))
+    return Path(path, summary, cohere_rerank(HOSTED), batch=batch)
 
 
-def one(path: str, summary: str, dialect: Dialect, codec: Codec[Any]) -> Path:
-    """A path of one vendor's one body."""
-    return Path(path, summary, (Route(dialect, codec),))
+def one(
+    path: str, summary: str, dialect: Dialect, codec: Codec[Any], batch: int | None = None
+) -> Path:
+    """A path of one vendor's one body (`batch`: where a batch may run it, `Path.batch`)."""
+    return Path(path, summary, (Route(dialect, codec),), batch=batch)
 
 
 EMBEDDINGS = "Embeddings, as OpenAI's API answers them"
@@ -200,21 +203,22 @@ SCORE = "Scores of text pairs, as vLLM's /score answers them"
 
 ROWS: tuple[Row, ...] = (
     # OpenAI's, under /v1 as OpenAI serves them and at the root as TEI and Infinity serve them
-    one("/v1/embeddings", EMBEDDINGS, HOSTED_BY_MANY, openai.EMBEDDINGS),
+    one("/v1/embeddings", EMBEDDINGS, HOSTED_BY_MANY, openai.EMBEDDINGS, batch=1),
     Get("/v1/models", HOSTED, openai.MODELS),
     Get("/v1/models/{name}", HOSTED, openai.MODEL),
-    one("/embeddings", EMBEDDINGS, HOSTED_BY_MANY, openai.EMBEDDINGS),
+    one("/embeddings", EMBEDDINGS, HOSTED_BY_MANY, openai.EMBEDDINGS, batch=2),
     Get("/models", HOSTED, openai.MODELS),
     Get("/models/{name}", HOSTED, openai.MODEL),
     # vLLM's
-    one("/score", SCORE, HOSTED, pooling.SCORE),
-    one("/v1/score", "As /score", HOSTED, pooling.SCORE),
+    one("/score", SCORE, HOSTED, pooling.SCORE, batch=14),
+    one("/v1/score", "As /score", HOSTED, pooling.SCORE, batch=13),
     # ours
     one(
         "/classify_tokens",
         "Each text's entities: labels, scores and character spans of its tokens",
         BARE,
         tasks.CLASSIFY_TOKENS,
+        batch=9,
     ),
     one(
         "/fill_mask",
@@ -228,9 +232,16 @@ ROWS: tuple[Row, ...] = (
         "Each text's sparse weights over the vocabulary: [{index, value}]",
         BARE,
         tei.EMBED_SPARSE,
+        batch=12,
     ),
-    one("/embed_all", "One vector per token of each text", BARE, tei.EMBED_ALL),
-    one("/embed", "One vector per text, pooled as the model's config says", BARE, tei.EMBED),
+    one("/embed_all", "One vector per token of each text", BARE, tei.EMBED_ALL, batch=11),
+    one(
+        "/embed",
+        "One vector per text, pooled as the model's config says",
+        BARE,
+        tei.EMBED,
+        batch=10,
+    ),
     one(
         "/similarity",
         "The cosine similarity of a sentence to each of others (sentence-similarity)",
@@ -249,10 +260,10 @@ ROWS: tuple[Row, ...] = (
     Get("/ping", BARE, tei.HEALTH_TOO),
     Get("/info", BARE, tei.INFO),
     # Cohere's, and Jina's rerank
-    one("/v1/embed", "Embeddings (v1)", HOSTED, cohere.EMBED_V1),
-    one("/v2/embed", "Embeddings (v2)", HOSTED, cohere.EMBED_V2),
-    rerank_at("/v1/rerank"),
-    rerank_at("/v2/rerank"),
+    one("/v1/embed", "Embeddings (v1)", HOSTED, cohere.EMBED_V1, batch=6),
+    one("/v2/embed", "Embeddings (v2)", HOSTED, cohere.EMBED_V2, batch=7),
+    rerank_at("/v1/rerank", batch=3),
+    rerank_at("/v2/rerank", batch=5),
     # the paths several servers share
     Path(
         "/predict",
@@ -260,6 +271,7 @@ ROWS: tuple[Row, ...] = (
         (Route(OWN, predict.PREDICT, lacks("inputs")), Route(BARE, tasks.CLASSIFY, has("inputs"))),
         SHARED,
         "predict_shapes",
+        batch=15,
     ),
     Path(
         "/classify",
@@ -272,6 +284,7 @@ ROWS: tuple[Row, ...] = (
         ),
         SHARED,
         "classify",
+        batch=8,
     ),
     Path(
         "/rerank",
@@ -279,10 +292,14 @@ ROWS: tuple[Row, ...] = (
         (Route(BARE, tei.RERANK, lacks("documents")), *cohere_rerank(BARE, has("documents"))),
         SHARED,
         "rerank",
+        batch=4,
     ),
     Path("/", ROOT_SUMMARY, ROOT, SHARED, "root", ROOT_ABOUT, serves_none),
     Path("/invocations", ROOT_SUMMARY, ROOT, SHARED, "root", ROOT_ABOUT, serves_none),
 )
+
+# The routes a batch may run (`batch=` above), in the order the Batch API lists them
+ENDPOINTS = tuple(path.path for path in batchable(ROWS))
 
 # -- each path's dialect ---------------------------------------------------------------------
 

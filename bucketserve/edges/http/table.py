@@ -3,7 +3,8 @@ its bodies (`Route`: a dialect, a vendor's codec, and `when` a body is its) and 
 vendor's page; how a request at a path is answered (`answer`: the first route whose `when`
 its body meets, its codec's call through the engine's one call); and how the rows are
 registered on an app, each path once, with the bodies the document says they take
-(`register`). The rows themselves are `routes`'.
+(`register`), those a batch may run marked (`batchable`). The rows themselves are
+`routes`'.
 
 A path's routes share its errors' form: a body's dialect is known only once it is parsed,
 and a body too large or not JSON is refused before.
@@ -64,6 +65,9 @@ class Path:
     name: str | None = None  # its operation's name (default: its first route's codec's)
     about: str | None = None  # its operation's description (default: its first codec's)
     otherwise: Otherwise | None = None
+    # Whether a batch may run it (a file of its bodies: the Batch API's endpoint, `batch
+    # run`), and where it stands in the list of those the Batch API gives (None: it may not)
+    batch: int | None = None
 
     def __post_init__(self) -> None:
         if len({route.dialect.form for route in self.routes}) != 1:
@@ -198,6 +202,12 @@ def endpoint_of(path: Path) -> Callable[[Request], Awaitable[Response]]:
         return await answer(request, path)
 
     return endpoint
+
+
+def batchable(rows: Iterable[Row]) -> list[Path]:
+    """The paths a batch may run, in the order their rows say."""
+    marked = [row for row in rows if isinstance(row, Path) and row.batch is not None]
+    return sorted(marked, key=lambda path: path.batch or 0)
 
 
 def exact_names(rows: Iterable[Row]) -> dict[str, tuple[bool, ...]]:
