@@ -301,6 +301,17 @@ async def test_a_long_text_is_cut_unless_the_server_or_the_request_says_not(
         assert info["auto_truncate"] is auto
 
 
+async def test_info_of_a_classifier_names_its_labels(task_repository: Repository) -> None:
+    """TEI's /info with a classifier the default model: its labels by their ids, as strings
+    (a JSON object's keys; the id2label of integers answered 500)."""
+    engine = load_engine(Settings(models=task_repository.models, default_model="sentiment"))
+    async with serving(engine) as client:
+        info = await client.get("/info")
+    assert info.status_code == 200, info.text
+    labels = info.json()["model_type"]["classifier"]
+    assert labels["id2label"]["0"] == next(iter(labels["label2id"]))
+
+
 async def test_vllms_score_is_the_rerank_or_the_cosine(client: httpx.AsyncClient) -> None:
     """vLLM's /score: a cross-encoder's relevance of each pair (as /v1/rerank scores it), or
     an embedding model's cosine (as /similarity); one against many, or pairwise."""

@@ -240,7 +240,8 @@ def model_type(model: Model) -> dict[str, Any]:
     or an embedding model (its pooling; splade for sparse weights)."""
     classifier = model.info.rule(Task.CLASSIFY)
     if classifier is not None:
-        labels = {"id2label": dict(enumerate(classifier.labels))}
+        # (JSON's keys are strings, as transformers' config.json writes id2label)
+        labels = {"id2label": {str(i): label for i, label in enumerate(classifier.labels)}}
         labels["label2id"] = {label: i for i, label in enumerate(classifier.labels)}
         return {"reranker" if model.info.rule(Task.RERANK) else "classifier": labels}
     embedding = model.info.rule(Task.EMBED)
